@@ -1,0 +1,195 @@
+"""The engine: tokenized requests -> plan -> forward passes -> label log-probs per item.
+
+The engine owns the per-layer K/V: a single-pass plan uses each layer's own K/V as the page
+pool; a multi-pass plan writes every pass's K/V into a pool so later passes read earlier ones.
+Only the rows that score an item reach the LM head.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .attention.base import AttentionBackend
+from .attention.kvpool import KVPool
+from .models.decoder import DecoderLM
+from .planning import Plan, article_choice, check_plan, combine, planner
+from .request import Limits, ScoreRequest, Tokenized, tokenize
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_docs: int = 1024
+    max_doc_tokens: int = 8192
+    group_size: int = 8
+    max_custom_mask_tokens: int = 32768
+
+
+@dataclass(frozen=True)
+class DocScore:
+    index: int
+    id: str
+    score: float
+    label_logprobs: tuple[float, ...]
+    doc_tokens: int
+    truncated_tokens: int
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    doc_tokens: int
+    tokens_computed: int
+    tokens_saved: int
+
+
+@dataclass(frozen=True)
+class ScoreResult:
+    results: tuple[DocScore, ...]  # in input order
+    scheme: str
+    usage: Usage
+
+
+class Engine:
+    def __init__(
+        self, model: DecoderLM, tokenizer, backend: AttentionBackend, config: EngineConfig | None = None
+    ):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.backend = backend
+        self.config = config or EngineConfig()
+        self.device = next(model.parameters()).device
+        mc = model.config
+        self.limits = Limits(
+            max_docs=self.config.max_docs,
+            max_doc_tokens=self.config.max_doc_tokens,
+            max_positions=mc.max_position_embeddings,
+            vocab_size=mc.vocab_size,
+        )
+        self.stats: Counter = Counter()
+
+    def tokenize(self, req: ScoreRequest) -> Tokenized:
+        return tokenize(req, self.tokenizer, self.limits)
+
+    def resolve_scheme(self, t: Tokenized) -> str:
+        """The concrete scheme for a request ("auto" resolved on its shape)."""
+        scheme = t.request.options.scheme or "auto"
+        return article_choice(t.shape) if scheme == "auto" else scheme
+
+    def group_size(self, t: Tokenized) -> int:
+        return t.request.options.group_size or self.config.group_size
+
+    def score(self, req: ScoreRequest) -> ScoreResult:
+        return self.score_batch([self.tokenize(req)])[0]
+
+    def plan(self, batch: Sequence[Tokenized]) -> tuple[Plan, list[int], list[str]]:
+        """One plan for the batch: requests grouped by scheme; returns the plan, the request
+        order inside it, and each request's concrete scheme."""
+        schemes = [self.resolve_scheme(t) for t in batch]
+        keys = [(s, self.group_size(t) if s == "grouped" else 0) for s, t in zip(schemes, batch, strict=True)]
+        parts, order = [], []
+        for key in dict.fromkeys(keys):
+            members = [i for i, k in enumerate(keys) if k == key]
+            parts.append(planner(key[0], key[1] or self.config.group_size)([batch[i].shape for i in members]))
+            order += members
+        plan = combine(parts)
+        check_plan(plan, self.config.max_custom_mask_tokens)
+        return plan, order, schemes
+
+    @torch.inference_mode()
+    def score_batch(self, batch: Sequence[Tokenized]) -> list[ScoreResult]:
+        plan, order, schemes = self.plan(batch)
+        ordered = [batch[i] for i in order]
+        ids, positions = logical_tokens(ordered, self.device)
+        rows = self.forward(plan, ids, positions)
+        labels = [t.label_ids for t in ordered for _ in t.items]
+        logprobs = self._label_logprobs(rows, labels)
+        results: list[ScoreResult | None] = [None] * len(batch)
+        at = 0
+        for pos, t in zip(order, ordered, strict=True):
+            n = len(t.items)
+            results[pos] = self._result(t, schemes[pos], logprobs[at : at + n])
+            at += n
+        return results  # type: ignore[return-value]
+
+    def forward(self, plan: Plan, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Run every pass; returns the final hidden state of each item's last token, in plan order."""
+        mc = self.model.config
+        dtype = next(self.model.parameters()).dtype
+        pool = KVPool(plan, mc.num_layers, mc.num_kv_heads, mc.head_dim, dtype, self.device)
+        per_pass = [[] for _ in plan.passes]
+        for r, locs in enumerate(plan.items):
+            for i, loc in enumerate(locs):
+                per_pass[loc.pass_idx].append((r, i, loc.score_row))
+        out: dict[tuple[int, int], torch.Tensor] = {}
+        for pi, p in enumerate(plan.passes):
+            self.backend.plan(p)
+            logical = p.logical.to(self.device)
+
+            def attn(layer, q, k, v, p=p):
+                return self.backend.run(layer, q, *pool.write(layer, p, k, v))
+
+            hidden = self.model.forward_hidden(ids[logical], positions[logical], attn)
+            score_rows = torch.tensor(
+                [row for _, _, row in per_pass[pi]], dtype=torch.long, device=self.device
+            )
+            for (r, i, _), h in zip(per_pass[pi], hidden[score_rows], strict=True):
+                out[(r, i)] = h
+            self.stats["forward_passes"] += 1
+            self.stats["tokens_computed"] += p.num_rows
+        self.stats["lm_head_rows"] += len(out)
+        return torch.stack([out[(r, i)] for r, locs in enumerate(plan.items) for i in range(len(locs))])
+
+    def _label_logprobs(self, rows: torch.Tensor, labels: list[tuple[int, ...]]) -> list[tuple[float, ...]]:
+        """Full-vocabulary log-probs of each item's label tokens, from its last hidden row."""
+        logits = self.model.score_logits(rows).float()
+        lse = torch.logsumexp(logits, dim=-1)
+        counts = torch.tensor([len(lab) for lab in labels], device=rows.device)
+        item = torch.repeat_interleave(torch.arange(len(labels), device=rows.device), counts)
+        label_ids = torch.tensor([x for lab in labels for x in lab], device=rows.device)
+        picked = (logits[item, label_ids] - lse[item]).tolist()
+        out, at = [], 0
+        for lab in labels:
+            out.append(tuple(picked[at : at + len(lab)]))
+            at += len(lab)
+        return out
+
+    def _result(self, t: Tokenized, scheme: str, logprobs: Sequence[tuple[float, ...]]) -> ScoreResult:
+        mode = t.request.options.score_mode or "softmax"
+        results = []
+        for i, lps in enumerate(logprobs):
+            score = lps[0] if mode == "logprob" else math.exp(lps[0] - _logsumexp(lps))
+            doc = t.request.docs[i]
+            results.append(DocScore(i, doc.id, score, lps, t.doc_tokens[i], t.truncated[i]))
+        p, n = len(t.prefix_ids), len(t.items)
+        items = sum(len(i) for i in t.items)
+        computed = p * (n if scheme == "naive" else 1) + items
+        usage = Usage(p, sum(t.doc_tokens), computed, p * n + items - computed)
+        return ScoreResult(tuple(results), scheme, usage)
+
+
+def logical_tokens(batch: Sequence[Tokenized], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids and positions of the batch's logical token space (see planning.base)."""
+    ids, pos = [], []
+    for t in batch:
+        p = len(t.prefix_ids)
+        ids.append(t.prefix_ids)
+        pos.append(range(p))
+        for item in t.items:
+            ids.append(item)
+            pos.append(range(p, p + len(item)))
+    flat_ids = [x for chunk in ids for x in chunk]
+    flat_pos = [x for chunk in pos for x in chunk]
+    return (
+        torch.tensor(flat_ids, dtype=torch.long, device=device),
+        torch.tensor(flat_pos, dtype=torch.long, device=device),
+    )
+
+
+def _logsumexp(xs: Sequence[float]) -> float:
+    m = max(xs)
+    return m + math.log(sum(math.exp(x - m) for x in xs))

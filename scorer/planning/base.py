@@ -1,0 +1,256 @@
+"""Plans: how a batch of scoring requests runs as forward passes of attention calls.
+
+The vocabulary is FlashInfer's paged prefill with ``page_size = 1``: every token's K/V sits
+in one slot of a per-layer pool, and an attention call names the slots each of its requests
+reads through ``kv_indptr`` / ``kv_indices``. Rows of pass ``k`` write their K/V to slots
+``slot_offset_k + row``, so a single-pass plan uses the pass's own K/V as the pool.
+
+Every request of a batch lives in one *logical* token space: request ``r`` owns ids
+``base_r .. base_r + P_r + sum(L_r)``, its prefix first and then its items in order. A pass
+says which logical token each of its rows holds; token ids and positions follow from that,
+so a scheme can only change *where* a token is computed, never *what* it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+MAX_ITEM_LEN = 65535  # token_pos_in_items is uint16 in FlashInfer
+I32 = torch.int32
+
+
+class PlanError(ValueError):
+    """A plan would break one of FlashInfer's invariants (or a configured cap)."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a planner needs to know about one request: prefix length and item lengths."""
+
+    prefix_len: int
+    item_lens: tuple[int, ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prefix_len + sum(self.item_lens)
+
+
+@dataclass(frozen=True)
+class MultiItem:
+    """kMultiItemScoring metadata, one entry per request of the call.
+
+    ``token_pos_in_items`` holds, for each request, the 1-based position of every token
+    after the prefix inside its item, zero-padded to ``token_pos_in_items_len``.
+    """
+
+    prefix_len: torch.Tensor  # int32 [R]
+    token_pos_in_items: torch.Tensor  # uint16 [R * token_pos_in_items_len]
+    token_pos_in_items_len: int
+    max_item_len: torch.Tensor  # int32 [R]
+
+
+@dataclass(frozen=True)
+class CustomMask:
+    """An explicit Q x K mask per request, row-major, packed 8 per byte (little bit order).
+
+    ``indptr`` are byte offsets of each request's segment, as FlashInfer's
+    ``segment_packbits`` lays them out.
+    """
+
+    packed: torch.Tensor  # uint8 [indptr[-1]]
+    indptr: torch.Tensor  # int32 [R + 1]
+
+
+@dataclass(frozen=True)
+class AttentionCall:
+    """One batch-prefill call over rows ``[q_start, q_end)`` of a pass.
+
+    Request ``i`` of the call has queries ``q_start + qo_indptr[i] .. q_start + qo_indptr[i+1]``
+    and reads K/V slots ``kv_indices[kv_indptr[i] : kv_indptr[i+1]]``. With ``causal`` the
+    queries are aligned to the end of the request's K/V (FlashInfer's convention). Calls that
+    cover the same rows are merged by log-sum-exp.
+    """
+
+    q_start: int
+    q_end: int
+    qo_indptr: torch.Tensor
+    kv_indptr: torch.Tensor
+    kv_indices: torch.Tensor
+    causal: bool
+    multi_item: MultiItem | None = None
+    custom_mask: CustomMask | None = None
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.qo_indptr) - 1
+
+    @property
+    def rows(self) -> tuple[int, int]:
+        return (self.q_start, self.q_end)
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One forward pass: rows hold ``logical`` tokens, K/V go to ``slot_offset + row``."""
+
+    logical: torch.Tensor  # int64 [T]
+    slot_offset: int
+    calls: tuple[AttentionCall, ...]
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.logical)
+
+    def merge_groups(self) -> list[list[int]]:
+        """Indices of calls grouped by identical row range; a group of several is LSE-merged."""
+        groups: dict[tuple[int, int], list[int]] = {}
+        for i, call in enumerate(self.calls):
+            groups.setdefault(call.rows, []).append(i)
+        return list(groups.values())
+
+
+@dataclass(frozen=True)
+class ItemLoc:
+    """Where an item's tokens sit: ``length`` rows from ``row`` in pass ``pass_idx``."""
+
+    pass_idx: int
+    row: int
+    length: int
+
+    @property
+    def score_row(self) -> int:
+        return self.row + self.length - 1
+
+
+@dataclass(frozen=True)
+class Plan:
+    scheme: str
+    passes: tuple[Pass, ...]
+    items: tuple[tuple[ItemLoc, ...], ...]  # per request, per item
+    shapes: tuple[Shape, ...] = field(default=())
+
+    @property
+    def num_slots(self) -> int:
+        return sum(p.num_rows for p in self.passes)
+
+    @property
+    def num_attention_calls(self) -> int:
+        return sum(len(p.calls) for p in self.passes)
+
+
+def logical_bases(shapes: Sequence[Shape]) -> list[int]:
+    bases, total = [], 0
+    for s in shapes:
+        bases.append(total)
+        total += s.num_tokens
+    return bases
+
+
+def item_offsets(shape: Shape) -> list[int]:
+    """Logical offset (within the request) of each item's first token."""
+    offs, at = [], shape.prefix_len
+    for n in shape.item_lens:
+        offs.append(at)
+        at += n
+    return offs
+
+
+def arange(start: int, n: int) -> torch.Tensor:
+    return torch.arange(start, start + n, dtype=torch.int64)
+
+
+def indptr(lengths: Sequence[int]) -> torch.Tensor:
+    out = torch.zeros(len(lengths) + 1, dtype=I32)
+    if lengths:
+        out[1:] = torch.tensor(lengths, dtype=torch.int64).cumsum(0).to(I32)
+    return out
+
+
+def call(
+    q_start: int,
+    q_lens: Sequence[int],
+    kv: Sequence[torch.Tensor],
+    causal: bool,
+    multi_item: MultiItem | None = None,
+    custom_mask: CustomMask | None = None,
+) -> AttentionCall:
+    """An attention call from per-request query lengths and K/V slot lists."""
+    kv_indices = torch.cat(list(kv)).to(I32) if kv else torch.zeros(0, dtype=I32)
+    return AttentionCall(
+        q_start=q_start,
+        q_end=q_start + sum(q_lens),
+        qo_indptr=indptr(q_lens),
+        kv_indptr=indptr([len(k) for k in kv]),
+        kv_indices=kv_indices,
+        causal=causal,
+        multi_item=multi_item,
+        custom_mask=custom_mask,
+    )
+
+
+def multi_item_meta(prefix_lens: Sequence[int], items_per_request: Sequence[Sequence[int]]) -> MultiItem:
+    """kMultiItemScoring metadata for requests whose K/V is ``prefix + their items``."""
+    width = max((sum(items) for items in items_per_request), default=0)
+    pos = torch.zeros(len(items_per_request), max(width, 1), dtype=torch.int32)
+    for r, items in enumerate(items_per_request):
+        if items:
+            pos[r, : sum(items)] = torch.cat([torch.arange(1, n + 1, dtype=torch.int32) for n in items])
+    return MultiItem(
+        prefix_len=torch.tensor(list(prefix_lens), dtype=I32),
+        token_pos_in_items=pos.flatten().to(torch.uint16),
+        token_pos_in_items_len=pos.shape[1],
+        max_item_len=torch.tensor([max(items, default=0) for items in items_per_request], dtype=I32),
+    )
+
+
+def check_plan(plan: Plan, max_custom_mask_tokens: int) -> None:
+    """Raise PlanError unless every pass is something FlashInfer runs exactly."""
+    num_slots = plan.num_slots
+    for k, p in enumerate(plan.passes):
+        covered = torch.zeros(p.num_rows, dtype=torch.bool)
+        ranges = sorted({c.rows for c in p.calls})
+        for (s0, e0), (s1, _) in zip(ranges, ranges[1:], strict=False):
+            if s1 < e0:
+                raise PlanError(f"pass {k}: calls over rows [{s0},{e0}) and [{s1},..) overlap partly")
+        for c in p.calls:
+            _check_call(c, p.slot_offset + p.num_rows, max_custom_mask_tokens, f"pass {k}")
+            covered[c.q_start : c.q_end] = True
+        if not bool(covered.all()):
+            raise PlanError(f"pass {k}: rows without an attention call")
+    for r, locs in enumerate(plan.items):
+        for loc in locs:
+            if loc.length > MAX_ITEM_LEN:
+                raise PlanError(f"request {r}: item of {loc.length} tokens exceeds {MAX_ITEM_LEN}")
+    if any(len(p.calls) == 0 for p in plan.passes) or num_slots == 0:
+        raise PlanError("empty pass")
+
+
+def _check_call(c: AttentionCall, visible_slots: int, mask_cap: int, where: str) -> None:
+    q_lens = (c.qo_indptr[1:] - c.qo_indptr[:-1]).tolist()
+    kv_lens = (c.kv_indptr[1:] - c.kv_indptr[:-1]).tolist()
+    if int(c.qo_indptr[-1]) != c.q_end - c.q_start or int(c.kv_indptr[-1]) != len(c.kv_indices):
+        raise PlanError(f"{where}: indptr does not match rows or kv_indices")
+    if min(q_lens, default=0) < 0 or min(kv_lens, default=0) < 1:
+        raise PlanError(f"{where}: empty or negative request")
+    if len(c.kv_indices) and (int(c.kv_indices.min()) < 0 or int(c.kv_indices.max()) >= visible_slots):
+        raise PlanError(f"{where}: kv_indices outside the slots written so far")
+    if c.causal and any(q > kv for q, kv in zip(q_lens, kv_lens, strict=True)):
+        raise PlanError(f"{where}: causal request with more queries than keys")
+    if c.multi_item is not None:
+        m = c.multi_item
+        pos = m.token_pos_in_items.to(torch.int32).view(c.num_requests, m.token_pos_in_items_len)
+        if bool((m.max_item_len < pos.max(dim=1).values).any()):
+            raise PlanError(f"{where}: max_item_len below the longest item")
+        if bool((m.max_item_len > MAX_ITEM_LEN).any()):
+            raise PlanError(f"{where}: item longer than {MAX_ITEM_LEN} tokens")
+        if any(kv - int(p) > m.token_pos_in_items_len for kv, p in zip(kv_lens, m.prefix_len, strict=True)):
+            raise PlanError(f"{where}: token_pos_in_items shorter than the items")
+    if c.custom_mask is not None:
+        if max(max(q_lens), max(kv_lens)) > mask_cap:
+            raise PlanError(f"{where}: custom mask over {mask_cap} tokens; use multi_item")
+        need = [(q * kv + 7) // 8 for q, kv in zip(q_lens, kv_lens, strict=True)]
+        if (c.custom_mask.indptr[1:] - c.custom_mask.indptr[:-1]).tolist() != need:
+            raise PlanError(f"{where}: packed mask segments do not match request sizes")

@@ -1,0 +1,175 @@
+"""The article's shared-prefix schemes, and ``grouped``, as planners: shapes in, Plan out.
+
+Each planner lays the rows of one pass out as a list of segments (logical token ranges) and
+describes its attention calls in FlashInfer's terms. The worked example of the article
+(P = 96, two items of 4 tokens) gives ragged ``qo_indptr = [0, 100, 104]`` and multi-item
+``token_pos_in_items = [1, 2, 3, 4, 1, 2, 3, 4]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .base import (
+    AttentionCall,
+    ItemLoc,
+    Pass,
+    Plan,
+    Shape,
+    arange,
+    call,
+    item_offsets,
+    logical_bases,
+    multi_item_meta,
+)
+from .packbits import multi_item_mask_packed
+
+
+class _Rows:
+    """Rows of one pass under construction: appended logical ranges, slot ids of each."""
+
+    def __init__(self, slot_offset: int) -> None:
+        self.slot_offset = slot_offset
+        self.chunks: list[torch.Tensor] = []
+        self.n = 0
+
+    def add(self, logical_start: int, length: int) -> int:
+        """Append ``length`` logical tokens; returns their first row."""
+        row = self.n
+        self.chunks.append(arange(logical_start, length))
+        self.n += length
+        return row
+
+    def slots(self, row: int, length: int) -> torch.Tensor:
+        return arange(self.slot_offset + row, length)
+
+    def to_pass(self, calls: Sequence[AttentionCall]) -> Pass:
+        logical = torch.cat(self.chunks) if self.chunks else torch.zeros(0, dtype=torch.int64)
+        return Pass(logical=logical, slot_offset=self.slot_offset, calls=tuple(calls))
+
+
+def _requests(shapes: Sequence[Shape]):
+    for base, s in zip(logical_bases(shapes), shapes, strict=True):
+        yield base, s, [base + o for o in item_offsets(s)]
+
+
+def naive(shapes: Sequence[Shape]) -> Plan:
+    """Scheme 1: every item is its own ``[prefix + item]`` request; the prefix is recomputed."""
+    rows, q_lens, kv, items = _Rows(0), [], [], []
+    for base, s, starts in _requests(shapes):
+        locs = []
+        for start, n in zip(starts, s.item_lens, strict=True):
+            first = rows.add(base, s.prefix_len)
+            rows.add(start, n)
+            q_lens.append(s.prefix_len + n)
+            kv.append(rows.slots(first, s.prefix_len + n))
+            locs.append(ItemLoc(0, first + s.prefix_len, n))
+        items.append(tuple(locs))
+    return Plan("naive", (rows.to_pass([call(0, q_lens, kv, causal=True)]),), tuple(items), tuple(shapes))
+
+
+def split_cache(shapes: Sequence[Shape]) -> Plan:
+    """Scheme 2: pass 1 runs ``[prefix + item 0]``; pass 2 runs the other items on its prefix K/V."""
+    first, items = _Rows(0), []
+    q1, kv1, prefix_slots = [], [], []
+    for base, s, _ in _requests(shapes):
+        row = first.add(base, s.prefix_len + s.item_lens[0])
+        q1.append(s.prefix_len + s.item_lens[0])
+        kv1.append(first.slots(row, q1[-1]))
+        prefix_slots.append(first.slots(row, s.prefix_len))
+        items.append([ItemLoc(0, row + s.prefix_len, s.item_lens[0])])
+    passes = [first.to_pass([call(0, q1, kv1, causal=True)])]
+    second, q2, kv2 = _Rows(first.n), [], []
+    for (_, s, starts), pslots, locs in zip(_requests(shapes), prefix_slots, items, strict=True):
+        for start, n in zip(starts[1:], s.item_lens[1:], strict=True):
+            row = second.add(start, n)
+            q2.append(n)
+            kv2.append(torch.cat([pslots, second.slots(row, n)]))
+            locs.append(ItemLoc(1, row, n))
+    if q2:
+        passes.append(second.to_pass([call(0, q2, kv2, causal=True)]))
+    return Plan("split_cache", tuple(passes), tuple(tuple(x) for x in items), tuple(shapes))
+
+
+def ragged(shapes: Sequence[Shape]) -> Plan:
+    """Scheme 3: Q = [prefix, d1, d2, ...]; request i reads prefix slots + its own item's slots."""
+    return _shared_prefix_groups(shapes, group_size=1, scheme="ragged")
+
+
+def grouped(shapes: Sequence[Shape], group_size: int = 8) -> Plan:
+    """Items split into groups of ``group_size``; each group is a multi-item request on the prefix."""
+    return _shared_prefix_groups(shapes, group_size=group_size, scheme="grouped")
+
+
+def multi_item(shapes: Sequence[Shape]) -> Plan:
+    """Scheme 5a: one logical request [prefix, d1..dN] per prompt with kMultiItemScoring metadata."""
+    return _shared_prefix_groups(shapes, group_size=None, scheme="multi_item")
+
+
+def _shared_prefix_groups(shapes: Sequence[Shape], group_size: int | None, scheme: str) -> Plan:
+    """Rows [prefix, items...] per prompt; groups of items are requests sharing the prefix slots.
+
+    The first group of a prompt also carries the prefix queries. ``group_size=1`` is plain
+    ragged prefill (no multi-item metadata); ``None`` puts all items of a prompt in one group.
+    """
+    rows, q_lens, kv, items = _Rows(0), [], [], []
+    mi_prefix: list[int] = []
+    mi_items: list[list[int]] = []
+    for base, s, starts in _requests(shapes):
+        prow = rows.add(base, s.prefix_len)
+        pslots = rows.slots(prow, s.prefix_len)
+        locs = [ItemLoc(0, rows.add(st, n), n) for st, n in zip(starts, s.item_lens, strict=True)]
+        items.append(tuple(locs))
+        size = group_size or len(locs)
+        for g in range(0, len(locs), size):
+            group = locs[g : g + size]
+            own = torch.cat([rows.slots(loc.row, loc.length) for loc in group])
+            q_lens.append(len(own) + (s.prefix_len if g == 0 else 0))
+            kv.append(torch.cat([pslots, own]))
+            mi_prefix.append(s.prefix_len)
+            mi_items.append([loc.length for loc in group])
+    meta = multi_item_meta(mi_prefix, mi_items) if group_size != 1 else None
+    c = call(0, q_lens, kv, causal=True, multi_item=meta)
+    return Plan(scheme, (rows.to_pass([c]),), tuple(items), tuple(shapes))
+
+
+def custom_mask(shapes: Sequence[Shape]) -> Plan:
+    """Scheme 5b: the multi-item layout with an explicit, bit-packed Q x K mask per prompt."""
+    plan = multi_item(shapes)
+    (p,) = plan.passes
+    (c,) = p.calls
+    mask = multi_item_mask_packed([(s.prefix_len, s.item_lens) for s in shapes])
+    masked = call(0, _lens(c.qo_indptr), _split(c.kv_indices, c.kv_indptr), causal=True, custom_mask=mask)
+    return Plan("custom_mask", (Pass(p.logical, 0, (masked,)),), plan.items, plan.shapes)
+
+
+def cascade(shapes: Sequence[Shape]) -> Plan:
+    """Scheme 4: rows [all prefixes, all items]; per layer: prefix causal, shared level
+    (each prompt's items against its prefix, non-causal), unique level (each item causal
+    on itself), and an LSE merge of the two levels over the item rows.
+    """
+    rows, items = _Rows(0), []
+    prefix_rows = [rows.add(base, s.prefix_len) for base, s, _ in _requests(shapes)]
+    n_prefix = rows.n
+    shared_q, shared_kv, unique_q, unique_kv = [], [], [], []
+    for (_, s, starts), prow in zip(_requests(shapes), prefix_rows, strict=True):
+        locs = [ItemLoc(0, rows.add(st, n), n) for st, n in zip(starts, s.item_lens, strict=True)]
+        items.append(tuple(locs))
+        shared_q.append(sum(s.item_lens))
+        shared_kv.append(rows.slots(prow, s.prefix_len))
+        unique_q += [loc.length for loc in locs]
+        unique_kv += [rows.slots(loc.row, loc.length) for loc in locs]
+    prefix_call = call(0, [s.prefix_len for s in shapes], shared_kv, causal=True)
+    shared = call(n_prefix, shared_q, shared_kv, causal=False)
+    unique = call(n_prefix, unique_q, unique_kv, causal=True)
+    return Plan("cascade", (rows.to_pass([prefix_call, shared, unique]),), tuple(items), tuple(shapes))
+
+
+def _lens(ptr: torch.Tensor) -> list[int]:
+    return (ptr[1:] - ptr[:-1]).tolist()
+
+
+def _split(indices: torch.Tensor, ptr: torch.Tensor) -> list[torch.Tensor]:
+    return list(torch.split(indices.to(torch.int64), _lens(ptr)))

@@ -1,0 +1,216 @@
+"""Scoring requests: what a caller sends, the templates, and validation into token ids.
+
+A template splits ``[prefix + item]`` into a shared prefix (instruction + query) and one item
+per doc (``item_head + doc + item_tail``). The prefix and each doc are tokenized separately,
+so the reference for a doc is exactly ``prefix ids + item ids`` and no scheme can differ from
+another by a merge across the boundary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .planning import SCHEMES, Shape
+from .planning.base import MAX_ITEM_LEN
+
+SCORE_MODES = ("softmax", "logprob")
+TRUNCATE_MODES = ("error", "doc_end")
+
+
+class InvalidInput(ValueError):
+    """Bad input, naming the request field at fault."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+@dataclass(frozen=True)
+class Template:
+    name: str
+    prefix: str  # formatted with {instruction} and {query}
+    item_head: str = ""
+    item_tail: str = ""
+    doc_lead: str = ""  # joined to the doc text before tokenizing (keeps BPE word boundaries)
+    default_instruction: str = ""
+
+    def prefix_text(self, query: str, instruction: str) -> str:
+        instruction = instruction or self.default_instruction
+        if self.name == "plain":
+            return f"{instruction}\n{query}" if instruction else query
+        return self.prefix.format(instruction=instruction, query=query)
+
+
+QWEN3_SYSTEM = (
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the "
+    'Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n'
+)
+TEMPLATES: dict[str, Template] = {
+    "plain": Template("plain", prefix="{query}"),
+    "qwen3_reranker": Template(
+        "qwen3_reranker",
+        prefix=QWEN3_SYSTEM + "<Instruct>: {instruction}\n<Query>: {query}\n",
+        item_head="<Document>:",
+        item_tail="<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
+        doc_lead=" ",
+        default_instruction="Given a web search query, retrieve relevant passages that answer the query",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Doc:
+    text: str = ""
+    id: str = ""
+    token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class ScoreOptions:
+    scheme: str = "auto"
+    template: str = "qwen3_reranker"
+    label_tokens: tuple[str, ...] = ("yes", "no")
+    label_token_ids: tuple[int, ...] = ()
+    score_mode: str = "softmax"  # softmax: P(label 0) over the labels; logprob: log P(label 0)
+    truncate: str = "error"
+    max_doc_tokens: int = 0  # 0: the engine's limit
+    group_size: int = 0  # for ``grouped``; 0: the engine's default
+
+
+@dataclass(frozen=True)
+class ScoreRequest:
+    prompt: str
+    docs: Sequence[Doc]
+    instruction: str = ""
+    prompt_token_ids: tuple[int, ...] = ()  # the whole shared prefix, verbatim
+    options: ScoreOptions = field(default_factory=ScoreOptions)
+    request_id: str = ""
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_docs: int
+    max_doc_tokens: int
+    max_positions: int
+    vocab_size: int
+
+
+@dataclass(frozen=True)
+class Tokenized:
+    """A validated request: token ids of the prefix and of every item, and what was cut."""
+
+    request: ScoreRequest
+    prefix_ids: tuple[int, ...]
+    items: tuple[tuple[int, ...], ...]
+    doc_tokens: tuple[int, ...]
+    truncated: tuple[int, ...]
+    label_ids: tuple[int, ...]
+
+    @property
+    def shape(self) -> Shape:
+        return Shape(len(self.prefix_ids), tuple(len(i) for i in self.items))
+
+
+def check_options(o: ScoreOptions) -> None:
+    if o.scheme not in ("", *SCHEMES):
+        raise InvalidInput(
+            "options.scheme", f"unknown scheme {o.scheme!r}; expected one of {', '.join(SCHEMES)}"
+        )
+    if o.template not in ("", *TEMPLATES):
+        raise InvalidInput(
+            "options.template", f"unknown template {o.template!r}; expected one of {', '.join(TEMPLATES)}"
+        )
+    if o.score_mode not in ("", *SCORE_MODES):
+        raise InvalidInput("options.score_mode", f"expected one of {', '.join(SCORE_MODES)}")
+    if o.truncate not in ("", *TRUNCATE_MODES):
+        raise InvalidInput("options.truncate", f"expected one of {', '.join(TRUNCATE_MODES)}")
+    if o.max_doc_tokens < 0:
+        raise InvalidInput("options.max_doc_tokens", "must not be negative")
+    if o.group_size < 0:
+        raise InvalidInput("options.group_size", "must not be negative")
+
+
+def tokenize(req: ScoreRequest, tokenizer, limits: Limits) -> Tokenized:
+    """Validate ``req`` and turn it into token ids; raises InvalidInput naming the field."""
+    o = req.options
+    check_options(o)
+    if not req.docs:
+        raise InvalidInput("docs", "no documents to score")
+    if len(req.docs) > limits.max_docs:
+        raise InvalidInput("docs", f"{len(req.docs)} documents exceed the limit of {limits.max_docs}")
+    template = TEMPLATES[o.template or ScoreOptions.template]
+    if req.prompt_token_ids:
+        prefix = _checked_ids(req.prompt_token_ids, limits.vocab_size, "prompt_token_ids")
+    elif req.prompt.strip():
+        prefix = tuple(tokenizer.encode(template.prefix_text(req.prompt, req.instruction)))
+    else:
+        raise InvalidInput("prompt", "empty prompt")
+    head = tuple(_encode(tokenizer, template.item_head))
+    tail = tuple(_encode(tokenizer, template.item_tail))
+    room = min(limits.max_positions - len(prefix), MAX_ITEM_LEN) - len(head) - len(tail)
+    if room < 1:
+        raise InvalidInput("prompt", f"{len(prefix)} prompt tokens leave no room for a document")
+    doc_limit = min(o.max_doc_tokens or limits.max_doc_tokens, limits.max_doc_tokens, room)
+    items, doc_tokens, truncated = [], [], []
+    for i, doc in enumerate(req.docs):
+        if doc.token_ids:
+            ids = _checked_ids(doc.token_ids, limits.vocab_size, f"docs[{i}].token_ids")
+        elif doc.text.strip():
+            ids = tuple(_encode(tokenizer, template.doc_lead + doc.text))
+        else:
+            raise InvalidInput(f"docs[{i}].text", "empty document")
+        cut = max(0, len(ids) - doc_limit)
+        if cut and (o.truncate or "error") == "error":
+            why = (
+                "the prompt + document exceed the model's positions"
+                if doc_limit == room
+                else "max_doc_tokens"
+            )
+            raise InvalidInput(
+                f"docs[{i}]",
+                f"{len(ids)} tokens exceed the limit of {doc_limit} ({why}); set truncate=doc_end",
+            )
+        ids = ids[: len(ids) - cut]
+        items.append(head + ids + tail)
+        doc_tokens.append(len(ids))
+        truncated.append(cut)
+    return Tokenized(
+        req,
+        prefix,
+        tuple(items),
+        tuple(doc_tokens),
+        tuple(truncated),
+        label_ids(o, tokenizer, limits.vocab_size),
+    )
+
+
+def label_ids(o: ScoreOptions, tokenizer, vocab_size: int) -> tuple[int, ...]:
+    """The label tokens as single vocabulary ids, looked up the way Qwen3-Reranker does."""
+    if o.label_token_ids:
+        return _checked_ids(o.label_token_ids, vocab_size, "options.label_token_ids")
+    words = o.label_tokens or ScoreOptions.label_tokens
+    vocab = tokenizer.get_vocab()
+    out = []
+    for i, word in enumerate(words):
+        tid = vocab.get(word)
+        if tid is None:
+            ids = _encode(tokenizer, word)
+            if len(ids) != 1:
+                raise InvalidInput(
+                    f"options.label_tokens[{i}]", f"{word!r} is not a single token of the vocabulary"
+                )
+            tid = ids[0]
+        out.append(tid)
+    return tuple(out)
+
+
+def _encode(tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False) if text else []
+
+
+def _checked_ids(ids: Sequence[int], vocab_size: int, field_name: str) -> tuple[int, ...]:
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise InvalidInput(field_name, f"token id {bad[0]} outside the vocabulary of {vocab_size}")
+    return tuple(int(t) for t in ids)

@@ -1,0 +1,206 @@
+"""Planner metadata on the article's worked example, invariants, and every scheme's attention
+rows against the naive oracle on random shapes (torch reference backend)."""
+
+import pytest
+import torch
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from scorer.attention.base import HeadSpec
+from scorer.attention.kvpool import replay_attention
+from scorer.attention.torch_ref import TorchBackend, request_mask
+from scorer.planning import PLANNERS, PlanError, Shape, check_plan, combine, planner
+from scorer.planning.base import MultiItem, multi_item_meta
+from scorer.planning.packbits import multi_item_mask, pack_segments, unpack_segment
+
+EXAMPLE = [Shape(96, (4, 4))]
+CONCRETE = [s for s in PLANNERS if s != "naive"] + ["grouped:1", "grouped:3"]
+
+
+def _plan(name: str, shapes):
+    scheme, _, g = name.partition(":")
+    return planner(scheme, int(g or 8))(shapes)
+
+
+def ints(t: torch.Tensor) -> list[int]:
+    return t.tolist()
+
+
+def test_ragged_worked_example_matches_article():
+    (p,) = PLANNERS["ragged"](EXAMPLE).passes
+    (c,) = p.calls
+    assert ints(c.qo_indptr) == [0, 100, 104]
+    assert ints(c.kv_indptr) == [0, 100, 200]
+    assert ints(c.kv_indices) == list(range(100)) + list(range(96)) + list(range(100, 104))
+    assert c.causal and c.multi_item is None
+
+
+def test_multi_item_worked_example_matches_article():
+    (p,) = PLANNERS["multi_item"](EXAMPLE).passes
+    (c,) = p.calls
+    assert ints(c.qo_indptr) == [0, 104] and ints(c.kv_indptr) == [0, 104]
+    assert ints(c.kv_indices) == list(range(104))
+    assert ints(c.multi_item.token_pos_in_items) == [1, 2, 3, 4, 1, 2, 3, 4]
+    assert c.multi_item.token_pos_in_items_len == 8
+    assert ints(c.multi_item.max_item_len) == [4]
+    assert ints(c.multi_item.prefix_len) == [96]
+
+
+def test_cascade_worked_example_has_three_levels():
+    (p,) = PLANNERS["cascade"](EXAMPLE).passes
+    prefix, shared, unique = p.calls
+    assert prefix.rows == (0, 96) and prefix.causal and ints(prefix.qo_indptr) == [0, 96]
+    assert ints(prefix.kv_indices) == list(range(96))
+    assert shared.rows == (96, 104) and not shared.causal
+    assert ints(shared.qo_indptr) == [0, 8] and ints(shared.kv_indices) == list(range(96))
+    assert unique.rows == (96, 104) and unique.causal
+    assert ints(unique.qo_indptr) == [0, 4, 8] and ints(unique.kv_indices) == list(range(96, 104))
+    assert p.merge_groups() == [[0], [1, 2]]
+
+
+def test_naive_worked_example_recomputes_prefix():
+    (p,) = PLANNERS["naive"](EXAMPLE).passes
+    (c,) = p.calls
+    assert ints(c.qo_indptr) == [0, 100, 200] and ints(c.kv_indices) == list(range(200))
+    assert ints(p.logical[:96]) == ints(p.logical[100:196]) == list(range(96))
+
+
+def test_split_cache_worked_example_is_two_passes():
+    first, second = PLANNERS["split_cache"](EXAMPLE).passes
+    assert ints(first.calls[0].qo_indptr) == [0, 100] and first.slot_offset == 0
+    assert second.slot_offset == 100 and ints(second.logical) == list(range(100, 104))
+    (c,) = second.calls
+    assert ints(c.qo_indptr) == [0, 4] and ints(c.kv_indices) == list(range(96)) + list(range(100, 104))
+
+
+def test_custom_mask_worked_example_packs_the_multi_item_mask():
+    (p,) = PLANNERS["custom_mask"](EXAMPLE).passes
+    (c,) = p.calls
+    assert ints(c.custom_mask.indptr) == [0, (104 * 104 + 7) // 8]
+    mask = unpack_segment(c.custom_mask, 0, 104, 104)
+    assert torch.equal(mask, multi_item_mask(96, [4, 4]))
+    assert mask[100, 99].item() is False and mask[100, 95].item() is True and mask[99, 96].item() is True
+
+
+def test_grouped_spans_ragged_and_multi_item():
+    shapes = [Shape(5, (2, 3, 1, 4))]
+    g1, rag = planner("grouped", 1)(shapes).passes[0].calls[0], PLANNERS["ragged"](shapes).passes[0].calls[0]
+    assert ints(g1.qo_indptr) == ints(rag.qo_indptr) and ints(g1.kv_indices) == ints(rag.kv_indices)
+    g4, mi = (
+        planner("grouped", 4)(shapes).passes[0].calls[0],
+        PLANNERS["multi_item"](shapes).passes[0].calls[0],
+    )
+    assert ints(g4.qo_indptr) == ints(mi.qo_indptr)
+    assert ints(g4.multi_item.token_pos_in_items) == ints(mi.multi_item.token_pos_in_items)
+    g2 = planner("grouped", 2)(shapes).passes[0].calls[0]
+    assert ints(g2.qo_indptr) == [0, 10, 15]
+    assert ints(g2.kv_indices) == list(range(10)) + list(range(5)) + list(range(10, 15))
+    assert ints(g2.multi_item.token_pos_in_items) == [1, 2, 1, 2, 3, 1, 1, 2, 3, 4]
+    assert ints(g2.multi_item.max_item_len) == [3, 4]
+
+
+def test_packbits_little_bit_order_per_segment():
+    a = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 1, 1]], dtype=torch.bool)  # 9 bits -> 2 bytes
+    b = torch.tensor([[0, 1]], dtype=torch.bool)  # 2 bits -> 1 byte
+    m = pack_segments([a, b])
+    assert ints(m.indptr) == [0, 2, 3]
+    assert ints(m.packed) == [0b11011001, 0b1, 0b10]
+    assert torch.equal(unpack_segment(m, 0, 3, 3), a) and torch.equal(unpack_segment(m, 1, 1, 2), b)
+
+
+def test_multi_item_mask_from_metadata_hides_other_items():
+    c = PLANNERS["multi_item"]([Shape(2, (2, 2))]).passes[0].calls[0]
+    expected = torch.tensor(
+        [[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0], [1, 1, 0, 0, 1, 0],
+         [1, 1, 0, 0, 1, 1]], dtype=torch.bool)  # fmt: skip
+    assert torch.equal(request_mask(c, 0, 6, 6), expected)
+
+
+def test_check_rejects_max_item_len_below_longest_item():
+    plan = PLANNERS["multi_item"]([Shape(3, (4, 2))])
+    c = plan.passes[0].calls[0]
+    bad = MultiItem(
+        c.multi_item.prefix_len, c.multi_item.token_pos_in_items, 6, torch.tensor([3], dtype=torch.int32)
+    )
+    from dataclasses import replace
+
+    plan = replace(plan, passes=(replace(plan.passes[0], calls=(replace(c, multi_item=bad),)),))
+    with pytest.raises(PlanError, match="max_item_len"):
+        check_plan(plan, 32768)
+
+
+def test_check_caps_custom_mask_size():
+    plan = PLANNERS["custom_mask"]([Shape(40, (30, 30))])
+    check_plan(plan, 100)
+    with pytest.raises(PlanError, match="custom mask over 99"):
+        check_plan(plan, 99)
+
+
+def test_check_rejects_items_over_uint16_positions():
+    with pytest.raises(PlanError, match="65535"):
+        check_plan(PLANNERS["ragged"]([Shape(1, (65536,))]), 32768)
+    meta = multi_item_meta([1], [[65536]])
+    assert int(meta.max_item_len[0]) == 65536
+
+
+shape_st = st.builds(
+    Shape,
+    st.integers(1, 300),
+    st.lists(st.integers(1, 80), min_size=1, max_size=40).map(tuple),
+)
+
+
+def _random_qkv(shapes, heads=4, kv_heads=2, dim=8, seed=0):
+    n = sum(s.num_tokens for s in shapes)
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(n, h, dim, generator=g) for h in (heads, kv_heads, kv_heads)]
+
+
+def _backend():
+    return TorchBackend(HeadSpec(4, 2, 8, torch.float32, torch.device("cpu")))
+
+
+EDGES = [
+    [Shape(300, (80,) * 40)],  # the largest request of the range
+    [Shape(1, (1,))],  # one prefix token, one one-token doc
+    [Shape(7, (1,) * 40)],  # many one-token docs
+    [Shape(300, (1,)), Shape(1, (80, 1, 80))],  # N = 1 next to an uneven request
+]
+
+
+@given(shapes=st.lists(shape_st, min_size=1, max_size=3), scheme=st.sampled_from(CONCRETE))
+@example(shapes=EDGES[0], scheme="grouped:3")
+@example(shapes=EDGES[0], scheme="custom_mask")
+@example(shapes=EDGES[0], scheme="cascade")
+@example(shapes=EDGES[1], scheme="split_cache")
+@example(shapes=EDGES[1], scheme="multi_item")
+@example(shapes=EDGES[2], scheme="multi_item")
+@example(shapes=EDGES[2], scheme="ragged")
+@example(shapes=EDGES[3], scheme="split_cache")
+@example(shapes=EDGES[3], scheme="cascade")
+def test_every_scheme_attention_rows_equal_naive(shapes, scheme):
+    q, k, v = _random_qkv(shapes)
+    plan = _plan(scheme, shapes)
+    check_plan(plan, 32768)
+    expected = replay_attention(PLANNERS["naive"](shapes), _backend(), q, k, v)
+    got = replay_attention(plan, _backend(), q, k, v)
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
+@given(
+    shapes=st.lists(shape_st, min_size=2, max_size=4), schemes=st.lists(st.sampled_from(CONCRETE), min_size=4)
+)
+def test_mixed_batch_equals_naive(shapes, schemes):
+    parts = [_plan(sc, [s]) for sc, s in zip(schemes, shapes, strict=False)]
+    plan = combine(parts)
+    check_plan(plan, 32768)
+    q, k, v = _random_qkv(shapes, seed=1)
+    expected = replay_attention(PLANNERS["naive"](shapes), _backend(), q, k, v)
+    torch.testing.assert_close(replay_attention(plan, _backend(), q, k, v), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_cascade_runs_three_calls_and_one_merge_per_layer():
+    backend = _backend()
+    q, k, v = _random_qkv(EXAMPLE)
+    replay_attention(PLANNERS["cascade"](EXAMPLE), backend, q, k, v)
+    assert backend.stats == {"calls": 3, "merges": 1}
