@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test lint serve score gpu-test clean
+.PHONY: setup test lint proto proto-check serve score gpu-test clean
 
 setup: $(STAMP)
 
@@ -14,7 +14,20 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-lint: setup
+PROTO_GEN = $(PY) -m grpc_tools.protoc -Iproto --python_out=. --grpc_python_out=. --pyi_out=. proto/scorer/v1/scorer.proto
+
+# Generated code is committed (the GPU machine runs the tree as is); CI fails when it is stale.
+proto: setup
+	$(PROTO_GEN)
+
+proto-check: setup
+	@tmp=$$(mktemp -d) && $(PY) -m grpc_tools.protoc -Iproto --python_out=$$tmp --grpc_python_out=$$tmp \
+	  --pyi_out=$$tmp proto/scorer/v1/scorer.proto && \
+	  for f in scorer_pb2.py scorer_pb2_grpc.py scorer_pb2.pyi; do \
+	    cmp -s $$tmp/scorer/v1/$$f scorer/v1/$$f || { echo "scorer/v1/$$f is stale: run make proto"; exit 1; }; \
+	  done; rm -rf $$tmp
+
+lint: setup proto-check
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 

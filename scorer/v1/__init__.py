@@ -1,0 +1,1 @@
+"""Generated gRPC code for scorer.v1 (make proto); do not edit."""
