@@ -56,9 +56,15 @@ class ScoreResult:
 
 class Engine:
     def __init__(
-        self, model: DecoderLM, tokenizer, backend: AttentionBackend, config: EngineConfig | None = None
+        self,
+        model: DecoderLM,
+        tokenizer,
+        backend: AttentionBackend,
+        config: EngineConfig | None = None,
+        model_name: str = "",
     ):
         self.model = model
+        self.model_name = model_name
         self.tokenizer = tokenizer
         self.backend = backend
         self.config = config or EngineConfig()
