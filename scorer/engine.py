@@ -18,6 +18,7 @@ from .attention.base import AttentionBackend
 from .attention.kvpool import KVPool
 from .models.decoder import DecoderLM
 from .planning import Plan, article_choice, check_plan, combine, planner
+from .planning.split import split_to_budget
 from .request import Limits, ScoreRequest, Tokenized, tokenize
 
 
@@ -27,6 +28,7 @@ class EngineConfig:
     max_doc_tokens: int = 8192
     group_size: int = 8
     max_custom_mask_tokens: int = 32768
+    max_tokens_per_pass: int = 0  # 0: no limit; a larger request is split, reusing its prompt's K/V
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,13 @@ class Engine:
     def group_size(self, t: Tokenized) -> int:
         return t.request.options.group_size or self.config.group_size
 
+    def num_tokens(self, t: Tokenized, scheme: str | None = None) -> int:
+        """Tokens the request puts through the model under its (concrete) scheme."""
+        shape = t.shape
+        items = sum(shape.item_lens)
+        n = len(shape.item_lens) if (scheme or self.resolve_scheme(t)) == "naive" else 1
+        return shape.prefix_len * n + items
+
     def score(self, req: ScoreRequest) -> ScoreResult:
         return self.score_batch([self.tokenize(req)])[0]
 
@@ -97,6 +106,13 @@ class Engine:
         order inside it, and each request's concrete scheme."""
         schemes = [self.resolve_scheme(t) for t in batch]
         keys = [(s, self.group_size(t) if s == "grouped" else 0) for s, t in zip(schemes, batch, strict=True)]
+        budget = self.config.max_tokens_per_pass
+        if len(batch) == 1 and budget and self.num_tokens(batch[0], schemes[0]) > budget:
+            scheme, group = keys[0]
+            fn = planner(scheme, group or self.config.group_size)
+            plan = split_to_budget(fn, scheme, batch[0].shape, budget, group or self.config.group_size)
+            check_plan(plan, self.config.max_custom_mask_tokens)
+            return plan, [0], schemes
         parts, order = [], []
         for key in dict.fromkeys(keys):
             members = [i for i, k in enumerate(keys) if k == key]

@@ -12,6 +12,7 @@ from scorer.attention.torch_ref import TorchBackend, request_mask
 from scorer.planning import PLANNERS, PlanError, Shape, check_plan, combine, planner
 from scorer.planning.base import MultiItem, multi_item_meta
 from scorer.planning.packbits import multi_item_mask, pack_segments, unpack_segment
+from scorer.planning.split import chunk_items, split_to_budget
 
 EXAMPLE = [Shape(96, (4, 4))]
 CONCRETE = [s for s in PLANNERS if s != "naive"] + ["grouped:1", "grouped:3"]
@@ -204,3 +205,28 @@ def test_cascade_runs_three_calls_and_one_merge_per_layer():
     q, k, v = _random_qkv(EXAMPLE)
     replay_attention(PLANNERS["cascade"](EXAMPLE), backend, q, k, v)
     assert backend.stats == {"calls": 3, "merges": 1}
+
+
+@given(shape=shape_st, scheme=st.sampled_from(CONCRETE + ["naive"]), budget=st.integers(1, 2000))
+@example(shape=Shape(50, (10,) * 12), scheme="cascade", budget=80)
+@example(shape=Shape(50, (10,) * 12), scheme="grouped:5", budget=80)
+@example(shape=Shape(50, (10,) * 12), scheme="split_cache", budget=80)
+def test_split_to_budget_reuses_the_prompt_and_equals_naive(shape, scheme, budget):
+    name, _, g = scheme.partition(":")
+    plan = split_to_budget(planner(name, int(g or 8)), name, shape, budget, int(g or 8))
+    check_plan(plan, 32768)
+    q, k, v = _random_qkv([shape], seed=2)
+    expected = replay_attention(PLANNERS["naive"]([shape]), _backend(), q, k, v)
+    torch.testing.assert_close(replay_attention(plan, _backend(), q, k, v), expected, atol=1e-4, rtol=1e-4)
+    prefix_rows = sum(int((p.logical < shape.prefix_len).sum()) for p in plan.passes)
+    n_chunks = len(chunk_items(shape, budget, naive=name == "naive"))
+    if name == "naive":
+        assert prefix_rows == shape.prefix_len * len(shape.item_lens)
+    else:
+        assert prefix_rows == shape.prefix_len
+        assert len(plan.passes) >= n_chunks
+    for p in plan.passes:
+        multi_item_rows = max(shape.item_lens) + (
+            shape.prefix_len if name == "naive" or p is plan.passes[0] else 0
+        )
+        assert p.num_rows <= max(budget, multi_item_rows)

@@ -1,0 +1,212 @@
+"""The engine on the embedded tiny model: every scheme equals naive, sharing is counted, bad
+input names its field."""
+
+import math
+import random
+
+import pytest
+import torch
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from scorer.engine import EngineConfig
+from scorer.planning import PLANNERS
+from scorer.request import Doc, InvalidInput, Limits, ScoreOptions, ScoreRequest, tokenize
+from scorer.runtime import build_engine
+
+SCHEMES = [s for s in PLANNERS if s != "naive"]
+VOCAB = 256  # plain byte tokens of the tiny tokenizer
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SCORER_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    yield build_engine(attention_backend="torch", config=EngineConfig(max_docs=64, max_doc_tokens=512))
+    mp.undo()
+
+
+def ids_request(prompt_ids, docs_ids, scheme, **options) -> ScoreRequest:
+    return ScoreRequest(
+        prompt="",
+        prompt_token_ids=tuple(prompt_ids),
+        docs=[Doc(token_ids=tuple(d), id=f"d{i}") for i, d in enumerate(docs_ids)],
+        options=ScoreOptions(scheme=scheme, template="plain", **options),
+    )
+
+
+def random_ids(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(VOCAB) for _ in range(n)]
+
+
+def logprobs(result) -> torch.Tensor:
+    return torch.tensor([d.label_logprobs for d in result.results], dtype=torch.float64)
+
+
+request_st = st.builds(
+    lambda seed, p, lens: (seed, p, lens),
+    st.integers(0, 2**16),
+    st.integers(1, 300),
+    st.lists(st.integers(1, 80), min_size=1, max_size=40),
+)
+
+
+@given(req=request_st, scheme=st.sampled_from(SCHEMES), group=st.integers(1, 9))
+@example(req=(0, 300, [80] * 40), scheme="multi_item", group=1)
+@example(req=(1, 1, [1]), scheme="cascade", group=1)
+@example(req=(2, 37, [1] * 40), scheme="grouped", group=7)
+@example(req=(3, 5, [3]), scheme="split_cache", group=1)
+def test_every_scheme_scores_equal_naive(engine, req, scheme, group):
+    seed, p, lens = req
+    rng = random.Random(seed)
+    prompt, docs = random_ids(rng, p), [random_ids(rng, n) for n in lens]
+    expected = engine.score(ids_request(prompt, docs, "naive"))
+    got = engine.score(ids_request(prompt, docs, scheme, group_size=group))
+    assert got.scheme == scheme
+    torch.testing.assert_close(logprobs(got), logprobs(expected), atol=1e-4, rtol=0)
+    assert [d.score for d in got.results] == pytest.approx([d.score for d in expected.results], abs=1e-4)
+
+
+@given(
+    seed=st.integers(0, 2**16), schemes=st.lists(st.sampled_from(SCHEMES + ["naive"]), min_size=2, max_size=5)
+)
+def test_score_does_not_depend_on_batch_or_doc_order(engine, seed, schemes):
+    rng = random.Random(seed)
+    reqs = [
+        ids_request(
+            random_ids(rng, rng.randint(1, 60)), [random_ids(rng, rng.randint(1, 30)) for _ in range(5)], s
+        )
+        for s in schemes
+    ]
+    alone = [engine.score(r) for r in reqs]
+    together = engine.score_batch([engine.tokenize(r) for r in reqs])
+    for a, b in zip(alone, together, strict=True):
+        torch.testing.assert_close(logprobs(b), logprobs(a), atol=1e-4, rtol=0)
+    perm = list(range(5))
+    rng.shuffle(perm)
+    shuffled = ids_request(reqs[0].prompt_token_ids, [reqs[0].docs[i].token_ids for i in perm], schemes[0])
+    torch.testing.assert_close(logprobs(engine.score(shuffled)), logprobs(alone[0])[perm], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_prompt_passes_through_the_model_once(engine, scheme):
+    rng = random.Random(7)
+    prompt, docs = random_ids(rng, 50), [random_ids(rng, n) for n in (3, 9, 4, 1)]
+    engine.stats.clear()
+    engine.backend.stats.clear()
+    result = engine.score(ids_request(prompt, docs, scheme))
+    layers = engine.model.config.num_layers
+    assert engine.stats["tokens_computed"] == 50 + 17 == result.usage.tokens_computed
+    assert result.usage.tokens_saved == 3 * 50
+    assert engine.stats["lm_head_rows"] == 4
+    assert engine.stats["forward_passes"] == (2 if scheme == "split_cache" else 1)
+    if scheme == "cascade":
+        assert engine.backend.stats == {"calls": 3 * layers, "merges": layers}
+
+
+def test_naive_recomputes_the_prompt_per_doc(engine):
+    engine.stats.clear()
+    result = engine.score(ids_request([1] * 50, [[2] * 3, [3] * 4], "naive"))
+    assert engine.stats["tokens_computed"] == 2 * 50 + 7 == result.usage.tokens_computed
+
+
+def test_request_over_the_token_budget_is_split_and_still_exact(tmp_path, monkeypatch, engine):
+    monkeypatch.setenv("SCORER_CACHE_DIR", str(tmp_path))
+    small = build_engine(attention_backend="torch", config=EngineConfig(max_tokens_per_pass=60))
+    rng = random.Random(3)
+    prompt, docs = random_ids(rng, 40), [random_ids(rng, 10) for _ in range(8)]
+    for scheme in ("multi_item", "ragged", "cascade"):
+        small.stats.clear()
+        got = small.score(ids_request(prompt, docs, scheme))
+        assert small.stats["forward_passes"] > 1
+        assert small.stats["tokens_computed"] == 40 + 80
+        torch.testing.assert_close(
+            logprobs(got), logprobs(engine.score(ids_request(prompt, docs, "naive"))), atol=1e-4, rtol=0
+        )
+
+
+def test_score_modes_and_label_ids(engine):
+    req = ids_request([5, 6, 7], [[8, 9], [10]], "ragged")
+    soft = engine.score(req)
+    for d in soft.results:
+        yes, no = d.label_logprobs
+        assert d.score == pytest.approx(math.exp(yes) / (math.exp(yes) + math.exp(no)))
+    logp = engine.score(ids_request([5, 6, 7], [[8, 9], [10]], "ragged", score_mode="logprob"))
+    assert [d.score for d in logp.results] == [d.label_logprobs[0] for d in soft.results]
+    yes_id = engine.tokenizer.convert_tokens_to_ids("yes")
+    by_id = engine.score(ids_request([5, 6, 7], [[8, 9], [10]], "ragged", label_token_ids=(yes_id,)))
+    assert [d.label_logprobs[0] for d in by_id.results] == [d.label_logprobs[0] for d in soft.results]
+
+
+def test_qwen3_reranker_template_layout(engine):
+    req = ScoreRequest("what is rope", [Doc("rotary embeddings")], instruction="Find it")
+    t = engine.tokenize(req)
+    text = engine.tokenizer.decode(list(t.prefix_ids) + list(t.items[0]))
+    assert text.startswith("<|im_start|>system\nJudge whether the Document meets the requirements")
+    assert "<Instruct>: Find it\n<Query>: what is rope\n<Document>: rotary embeddings<|im_end|>\n" in text
+    assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert engine.tokenizer.decode(list(t.items[0])).startswith("<Document>:")
+    assert t.label_ids == (
+        engine.tokenizer.convert_tokens_to_ids("yes"),
+        engine.tokenizer.convert_tokens_to_ids("no"),
+    )
+
+
+def test_cli_scores_a_file_in_input_order(engine, tmp_path, capsys):
+    import json
+
+    from scorer.cli import main
+
+    path = tmp_path / "docs.jsonl"
+    path.write_text('{"text": "alpha beta", "id": "a"}\n\n{"text": "gamma"}\n')
+    assert main(["score", "--prompt", "greek letters", "--docs", str(path), "--scheme", "multi_item"]) == 0
+    out = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(o["index"], o["id"], o["scheme"]) for o in out] == [
+        (0, "a", "multi_item"),
+        (1, "2", "multi_item"),
+    ]
+    direct = engine.score(ScoreRequest("greek letters", [Doc("alpha beta"), Doc("gamma")]))
+    assert [o["score"] for o in out] == pytest.approx([d.score for d in direct.results], abs=1e-6)
+
+
+LIMITS = Limits(max_docs=4, max_doc_tokens=10, max_positions=40, vocab_size=512)
+BIG = Limits(max_docs=4, max_doc_tokens=10**6, max_positions=10**6, vocab_size=512)
+
+
+def _req(prompt="q", docs=("d",), **options):
+    return ScoreRequest(
+        prompt, [Doc(x) for x in docs], options=ScoreOptions(**{"template": "plain", **options})
+    )
+
+
+@pytest.mark.parametrize(
+    ("req", "limits", "field", "message"),
+    [
+        (_req(docs=()), LIMITS, "docs", "no documents"),
+        (_req(docs=("ok", "  ")), LIMITS, "docs[1].text", "empty document"),
+        (_req(docs=("x" * 11,)), LIMITS, "docs[0]", "max_doc_tokens"),
+        (_req(prompt="p" * 35, docs=("x" * 6,)), LIMITS, "docs[0]", "positions"),
+        (_req(prompt="p" * 40), LIMITS, "prompt", "no room"),
+        (_req(prompt=" "), LIMITS, "prompt", "empty prompt"),
+        (_req(docs=("a",) * 5), LIMITS, "docs", "exceed the limit of 4"),
+        (_req(label_tokens=("yes", "maybe")), LIMITS, "options.label_tokens[1]", "not a single token"),
+        (_req(label_token_ids=(9999,)), LIMITS, "options.label_token_ids", "outside the vocabulary"),
+        (_req(scheme="fastest"), LIMITS, "options.scheme", "unknown scheme"),
+        (_req(template="chatml"), LIMITS, "options.template", "unknown template"),
+        (_req(truncate="middle"), LIMITS, "options.truncate", "expected one of"),
+        (_req(docs=("x" * 65536,)), BIG, "docs[0]", "65535"),
+    ],
+)
+def test_bad_input_names_the_field(engine, req, limits, field, message):
+    with pytest.raises(InvalidInput, match=message) as err:
+        tokenize(req, engine.tokenizer, limits)
+    assert err.value.field == field
+
+
+def test_truncate_doc_end_cuts_and_reports(engine):
+    t = tokenize(_req(docs=("x" * 25, "y" * 3), truncate="doc_end"), engine.tokenizer, LIMITS)
+    assert t.truncated == (15, 0) and t.doc_tokens == (10, 3)
+    t = tokenize(_req(prompt="p" * 35, docs=("x" * 8,), truncate="doc_end"), engine.tokenizer, LIMITS)
+    assert t.truncated == (3,) and len(t.prefix_ids) + len(t.items[0]) == 40
+    result = engine.score(_req(docs=("x" * 600,), truncate="doc_end"))
+    assert result.results[0].truncated_tokens == 600 - 512
