@@ -1,0 +1,1 @@
+"""Shared-prefix generative search-ranking scorer."""

@@ -1,0 +1,219 @@
+"""DecoderLM against transformers' own implementations, and the embedded tiny model."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, Qwen3Config
+
+from scorer.config import ModelConfig
+from scorer.models import DecoderLM, tiny
+from scorer.models.loader import load_model
+
+SEQ_LEN = 20
+VOCAB = 300  # >= the tiny tokenizer (264 tokens), which the test checkpoints reuse
+
+
+def causal_attention(layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d)) v with a causal mask and GQA, in the op order of HF's eager attention."""
+    T, Hq, D = q.shape
+    group = Hq // k.shape[1]
+    q, k, v = (
+        q.transpose(0, 1),
+        k.repeat_interleave(group, 1).transpose(0, 1),
+        v.repeat_interleave(group, 1).transpose(0, 1),
+    )
+    scores = torch.matmul(q, k.transpose(1, 2)) * D**-0.5
+    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    probs = scores.masked_fill(~causal, float("-inf")).softmax(-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(probs, v).transpose(0, 1)
+
+
+def ours_logits(model: DecoderLM, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    device = model.lm_head.weight.device
+    with torch.no_grad():
+        hidden = model.forward_hidden(input_ids.to(device), positions.to(device), causal_attention)
+        return model.score_logits(hidden).cpu()
+
+
+def randomize_(model: torch.nn.Module, seed: int) -> None:
+    """Replace HF's init (norm weights all ones, zero biases) so every parameter matters."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=generator) * 0.05
+            param.copy_(1.0 + noise if "norm" in name else noise)
+
+
+def save_hf_checkpoint(config, path: Path, seed: int = 0) -> Path:
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    randomize_(model, seed)
+    model.save_pretrained(path)
+    tiny.build_tokenizer().save_pretrained(path)
+    return path
+
+
+def hf_logits(
+    model_dir: Path, input_ids: torch.Tensor, positions: torch.Tensor, dtype=None, device: str = "cpu"
+) -> torch.Tensor:
+    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager", dtype=dtype).to(
+        device
+    )
+    with torch.no_grad():
+        logits = model(input_ids[None].to(device), position_ids=positions[None].to(device)).logits
+    return logits[0].float().cpu()
+
+
+SMALL = dict(
+    vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4
+)
+CASES = {
+    "qwen3-tied": Qwen3Config(
+        **SMALL,
+        num_key_value_heads=2,
+        head_dim=32,
+        tie_word_embeddings=True,
+        architectures=["Qwen3ForCausalLM"],
+    ),
+    "qwen3-untied": Qwen3Config(
+        **SMALL,
+        num_key_value_heads=1,
+        head_dim=16,
+        tie_word_embeddings=False,
+        architectures=["Qwen3ForCausalLM"],
+    ),
+    "llama3-rope": LlamaConfig(
+        **SMALL,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "original_max_position_embeddings": 64,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+        },
+        architectures=["LlamaForCausalLM"],
+    ),
+    "llama-attention-bias": LlamaConfig(
+        **SMALL, num_key_value_heads=4, attention_bias=True, mlp_bias=True, architectures=["LlamaForCausalLM"]
+    ),
+}
+
+
+@pytest.mark.parametrize("start", [0, 200], ids=["pos0", "pos200"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_matches_transformers(case: str, start: int, tmp_path: Path) -> None:
+    model_dir = save_hf_checkpoint(CASES[case], tmp_path)
+    input_ids = torch.randint(0, VOCAB, (SEQ_LEN,), generator=torch.Generator().manual_seed(1))
+    positions = torch.arange(start, start + SEQ_LEN)
+    expected = hf_logits(model_dir, input_ids, positions)
+    actual = ours_logits(load_model(model_dir, dtype=torch.float32)[0], input_ids, positions)
+    assert actual.dtype == torch.float32 and actual.shape == (SEQ_LEN, VOCAB)
+    torch.testing.assert_close(actual, expected, atol=1e-4, rtol=0)
+
+
+def test_config_fields(tmp_path: Path) -> None:
+    llama = ModelConfig.from_hf(save_hf_checkpoint(CASES["llama3-rope"], tmp_path))
+    assert (llama.architecture, llama.qk_norm, llama.rope_type, llama.rope_theta) == (
+        "LlamaForCausalLM",
+        False,
+        "llama3",
+        500000.0,
+    )
+    assert llama.head_dim == 16 and llama.num_kv_heads == 2 and not llama.tie_word_embeddings
+    legacy = ModelConfig.from_hf(
+        {
+            "architectures": ["LlamaForCausalLM"],
+            **SMALL,
+            "rope_theta": 1234.0,
+            "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+        }
+    )
+    assert (legacy.rope_type, legacy.rope_theta, legacy.hf_config.rope_parameters["factor"]) == (
+        "linear",
+        1234.0,
+        2.0,
+    )
+    assert ModelConfig.from_hf(CASES["qwen3-tied"]) == ModelConfig.from_hf(CASES["qwen3-tied"].to_dict())
+    with pytest.raises(ValueError, match="sliding-window"):
+        ModelConfig.from_hf(Qwen3Config(**SMALL, use_sliding_window=True, max_window_layers=1))
+
+
+def test_load_errors(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        load_model(tmp_path)
+    AutoConfig.for_model("qwen3", **SMALL, num_key_value_heads=2).save_pretrained(tmp_path)
+    with pytest.raises(FileNotFoundError, match="safetensors"):
+        load_model(tmp_path)
+    save_file({"model.embed_tokens.weight": torch.zeros(VOCAB, 64)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match="missing"):
+        load_model(tmp_path)
+
+
+@pytest.mark.skipif(not os.environ.get("SCORER_TEST_MODEL_DIR"), reason="SCORER_TEST_MODEL_DIR not set")
+def test_matches_transformers_on_real_checkpoint() -> None:
+    model_dir = Path(os.environ["SCORER_TEST_MODEL_DIR"])
+    dtype = ModelConfig.from_hf(model_dir).dtype or torch.bfloat16
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model, tokenizer = load_model(model_dir, device=device, dtype=dtype)
+    text = "Judge whether the document answers the query. Query: what is rope scaling? Document: RoPE rotates"
+    input_ids = torch.tensor(tokenizer(text)["input_ids"])
+    positions = torch.arange(len(input_ids))
+    actual = ours_logits(model, input_ids, positions)[-1]
+    del model
+    expected = hf_logits(model_dir, input_ids, positions, dtype=dtype, device=device)[-1]
+    scale = expected.abs().max().item()
+    tolerance = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(actual, expected, atol=tolerance * scale, rtol=0)
+    assert actual.argmax() == expected.argmax()
+
+
+def test_tiny_model_is_written_once_and_reloads_identically(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("SCORER_CACHE_DIR", str(tmp_path / "cache"))
+    model_dir = tiny.ensure_tiny_model()
+    assert model_dir == tmp_path / "cache" / tiny.NAME
+    stamps = {p.name: p.stat().st_mtime_ns for p in model_dir.iterdir()}
+
+    def fail(_: Path) -> None:
+        raise AssertionError("the cached tiny model was rewritten")
+
+    monkeypatch.setattr(tiny, "write_tiny_checkpoint", fail)
+    assert tiny.ensure_tiny_model() == model_dir
+    assert {p.name: p.stat().st_mtime_ns for p in model_dir.iterdir()} == stamps
+    monkeypatch.undo()
+
+    other_dir = tiny.ensure_tiny_model(tmp_path / "other")
+    assert (other_dir / "model.safetensors").read_bytes() == (model_dir / "model.safetensors").read_bytes()
+    first, _ = load_model(model_dir)
+    second, _ = load_model(other_dir)
+    assert first.lm_head.weight is first.model.embed_tokens.weight
+    for (name, a), (_, b) in zip(first.state_dict().items(), second.state_dict().items(), strict=True):
+        assert a.dtype == torch.float32 and torch.equal(a, b), name
+
+
+def test_tiny_model_tokens_and_logits(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("SCORER_CACHE_DIR", str(tmp_path))
+    model, tokenizer = load_model(tiny.ensure_tiny_model())
+    assert model.config.vocab_size >= len(tokenizer)
+    ids = tokenizer.convert_tokens_to_ids(["yes", "no", "Ġyes", "Ġno", *tiny.SPECIAL_TOKENS])
+    assert tokenizer.unk_token_id not in ids and len(set(ids)) == len(ids)
+    assert tokenizer.encode("yes", add_special_tokens=False) == [ids[0]]
+    assert tokenizer.encode(" no", add_special_tokens=False) == [ids[3]]
+    assert tokenizer.decode(tokenizer.encode("héllo <|im_end|>")) == "héllo <|im_end|>"
+    assert (tokenizer.eos_token_id, tokenizer.pad_token_id) == (
+        tiny.CONFIG["eos_token_id"],
+        tiny.CONFIG["pad_token_id"],
+    )
+
+    input_ids = torch.tensor(tokenizer.encode("is this relevant? yes"))
+    with torch.no_grad():
+        hidden = model.forward_hidden(input_ids, torch.arange(len(input_ids)), causal_attention)
+        logits = model.score_logits(hidden[-1:])
+    assert logits.shape == (1, model.config.vocab_size) and torch.isfinite(logits).all()
+    assert logits.std() > 0.1 and logits[0, ids[0]] != logits[0, ids[1]]
