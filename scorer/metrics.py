@@ -1,0 +1,156 @@
+"""Every Prometheus collector of the scorer, in one registry.
+
+Names are prefixed ``scorer_``, durations are in seconds, counters end in ``_total``; the
+standalone gRPC server and a Ray deployment import this module and so export the same names.
+"""
+
+from __future__ import annotations
+
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+    start_http_server,
+)
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+ProcessCollector(registry=REGISTRY)
+PlatformCollector(registry=REGISTRY)
+
+UNRESOLVED_SCHEME = "none"
+"""The ``scheme`` label of a call that failed before its scheme was known."""
+
+LATENCY_BUCKETS = (
+    0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075,
+    0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
+BATCH_REQUEST_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256)
+TOKEN_BUCKETS = tuple(2**k for k in range(6, 21))
+
+REQUEST_DURATION = Histogram(
+    "scorer_request_duration_seconds",
+    "ScoreDocs latency from the call's arrival to its response, by concrete scheme and gRPC code.",
+    ["scheme", "code"],
+    buckets=LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+STAGE_DURATION = Histogram(
+    "scorer_stage_duration_seconds",
+    "Time a call spends in one stage: queue (waiting for its batch), tokenize, forward (its batch's).",
+    ["stage"],
+    buckets=LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+REQUESTS = Counter(
+    "scorer_requests_total",
+    "ScoreDocs calls answered, by concrete scheme and gRPC code.",
+    ["scheme", "code"],
+    registry=REGISTRY,
+)
+ERRORS = Counter(
+    "scorer_errors_total",
+    "ScoreDocs calls answered with a status other than OK, by gRPC code.",
+    ["code"],
+    registry=REGISTRY,
+)
+DROPPED = Counter(
+    "scorer_requests_dropped_total",
+    "Calls removed from the queue before their forward pass (no compute spent), by reason.",
+    ["reason"],
+    registry=REGISTRY,
+)
+REJECTED = Counter(
+    "scorer_requests_rejected_total",
+    "Calls refused at once because the queue was full.",
+    registry=REGISTRY,
+)
+OOM_RETRIES = Counter(
+    "scorer_oom_retries_total",
+    "Merged batches that ran out of memory and were retried one request at a time.",
+    registry=REGISTRY,
+)
+DOCS_SCORED = Counter(
+    "scorer_docs_scored_total",
+    "Documents scored, by concrete scheme.",
+    ["scheme"],
+    registry=REGISTRY,
+)
+TOKENS_COMPUTED = Counter(
+    "scorer_tokens_computed_total",
+    "Tokens put through the model, by concrete scheme.",
+    ["scheme"],
+    registry=REGISTRY,
+)
+TOKENS_SAVED = Counter(
+    "scorer_tokens_saved_total",
+    "Tokens a prompt-per-document run would have computed on top, by concrete scheme.",
+    ["scheme"],
+    registry=REGISTRY,
+)
+FORWARD_PASSES = Counter(
+    "scorer_forward_passes_total",
+    "Model forward passes run for calls (warm-up excluded).",
+    registry=REGISTRY,
+)
+BATCH_REQUESTS = Histogram(
+    "scorer_batch_requests",
+    "Calls merged into one forward batch.",
+    buckets=BATCH_REQUEST_BUCKETS,
+    registry=REGISTRY,
+)
+BATCH_TOKENS = Histogram(
+    "scorer_batch_tokens",
+    "Tokens of one forward batch, as the batcher counts them against its budget.",
+    buckets=TOKEN_BUCKETS,
+    registry=REGISTRY,
+)
+QUEUE_DEPTH = Gauge(
+    "scorer_queue_depth",
+    "Calls waiting for a forward batch.",
+    registry=REGISTRY,
+)
+INFLIGHT = Gauge(
+    "scorer_inflight_requests",
+    "ScoreDocs calls accepted and not yet answered.",
+    registry=REGISTRY,
+)
+READY = Gauge(
+    "scorer_ready",
+    "1 while the server reports SERVING, else 0.",
+    registry=REGISTRY,
+)
+MODEL_INFO = Gauge(
+    "scorer_model_info",
+    "The loaded model (value 1), labelled by its name, attention backend, device and dtype.",
+    ["model", "attention_backend", "device", "dtype"],
+    registry=REGISTRY,
+)
+
+
+def observe_request(scheme: str, code: str, seconds: float) -> None:
+    REQUEST_DURATION.labels(scheme=scheme, code=code).observe(seconds)
+    REQUESTS.labels(scheme=scheme, code=code).inc()
+    if code != "OK":
+        ERRORS.labels(code=code).inc()
+
+
+def observe_usage(scheme: str, docs: int, tokens_computed: int, tokens_saved: int) -> None:
+    DOCS_SCORED.labels(scheme=scheme).inc(docs)
+    TOKENS_COMPUTED.labels(scheme=scheme).inc(tokens_computed)
+    TOKENS_SAVED.labels(scheme=scheme).inc(tokens_saved)
+
+
+def serve_http(port: int, host: str) -> WSGIServer:
+    """Expose ``/metrics`` on a background thread; ``shutdown()`` the returned server to stop."""
+    server, _ = start_http_server(port, addr=host, registry=REGISTRY)
+    return server
+
+
+def exposition() -> bytes:
+    return generate_latest(REGISTRY)

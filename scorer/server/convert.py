@@ -1,0 +1,80 @@
+"""Protobuf <-> engine types, and nothing else."""
+
+from __future__ import annotations
+
+from ..engine import DocScore, ScoreResult
+from ..request import Doc, ScoreOptions, ScoreRequest
+from ..v1 import scorer_pb2 as pb
+from .batcher import Scored
+
+
+def request_from_proto(msg: pb.ScoreDocsRequest, request_id: str) -> ScoreRequest:
+    o = msg.options
+    options = ScoreOptions(
+        scheme=o.scheme,
+        template=o.template,
+        label_tokens=tuple(o.label_tokens),
+        label_token_ids=tuple(o.label_token_ids),
+        score_mode=o.score_mode,
+        truncate=o.truncate,
+        max_doc_tokens=o.max_doc_tokens,
+        group_size=o.group_size,
+    )
+    docs = [Doc(text=d.text, id=d.id, token_ids=tuple(d.token_ids)) for d in msg.docs]
+    return ScoreRequest(
+        prompt=msg.prompt,
+        docs=docs,
+        instruction=msg.instruction,
+        prompt_token_ids=tuple(msg.prompt_token_ids),
+        options=options,
+        request_id=request_id,
+    )
+
+
+def ranked(results: tuple[DocScore, ...], top_n: int) -> list[DocScore]:
+    """Input order when ``top_n`` is 0, else the best ``top_n`` by score, ties in input order."""
+    if not top_n:
+        return list(results)
+    return sorted(results, key=lambda d: -d.score)[:top_n]
+
+
+def response_to_proto(
+    msg: pb.ScoreDocsRequest,
+    request_id: str,
+    model: str,
+    scored: Scored,
+    tokenize_seconds: float,
+    total_seconds: float,
+) -> pb.ScoreDocsResponse:
+    result: ScoreResult = scored.result
+    with_logprobs = msg.options.return_label_logprobs
+    usage = result.usage
+    return pb.ScoreDocsResponse(
+        results=[
+            pb.DocScore(
+                id=d.id,
+                index=d.index,
+                score=d.score,
+                label_logprobs=d.label_logprobs if with_logprobs else (),
+                doc_tokens=d.doc_tokens,
+                truncated_tokens=d.truncated_tokens,
+            )
+            for d in ranked(result.results, msg.options.top_n)
+        ],
+        scheme=result.scheme,
+        usage=pb.Usage(
+            prompt_tokens=usage.prompt_tokens,
+            doc_tokens=usage.doc_tokens,
+            tokens_computed=usage.tokens_computed,
+            tokens_saved=usage.tokens_saved,
+        ),
+        timing=pb.Timing(
+            queue_seconds=scored.queue_seconds,
+            tokenize_seconds=tokenize_seconds,
+            forward_seconds=scored.forward_seconds,
+            total_seconds=total_seconds,
+        ),
+        model=model,
+        template=msg.options.template or ScoreOptions.template,
+        request_id=request_id,
+    )

@@ -1,0 +1,42 @@
+"""Test knobs: faults and delays injected around the forward pass. Never set them in production.
+
+They make the RPC tests deterministic: a forward delay holds calls in the queue long enough for
+a deadline to expire there; an out-of-memory threshold and a fault prompt exercise the error
+paths without a real accelerator running out of memory or a real bug.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..request import Tokenized
+from .batcher import ScoreFn
+
+
+@dataclass(frozen=True)
+class DebugKnobs:
+    forward_delay_s: float = 0.0
+    oom_above_tokens: int = 0  # a forward batch over this many tokens raises torch.OutOfMemoryError
+    fault_prompt: str = ""  # a batch holding a call with this prompt raises RuntimeError
+
+    @property
+    def active(self) -> bool:
+        return bool(self.forward_delay_s or self.oom_above_tokens or self.fault_prompt)
+
+
+def with_faults(score: ScoreFn, knobs: DebugKnobs, count_tokens: Callable[[Tokenized], int]) -> ScoreFn:
+    def faulty_score(batch: Sequence[Tokenized]):
+        if knobs.forward_delay_s:
+            time.sleep(knobs.forward_delay_s)
+        if knobs.fault_prompt and any(t.request.prompt == knobs.fault_prompt for t in batch):
+            raise RuntimeError("injected fault (--debug-fault-prompt)")
+        tokens = sum(count_tokens(t) for t in batch)
+        if knobs.oom_above_tokens and tokens > knobs.oom_above_tokens:
+            raise torch.OutOfMemoryError(f"injected: {tokens} tokens > --debug-oom-above-tokens")
+        return score(batch)
+
+    return faulty_score

@@ -1,0 +1,84 @@
+"""The scoring service behind any front end: tokenize off the loop, batch, forward, count.
+
+It knows engine types only (no protobuf, no gRPC), so a Ray deployment can wrap it as is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from .. import metrics
+from ..engine import Engine, ScoreResult
+from ..planning import PLANNERS
+from ..request import Doc, ScoreOptions, ScoreRequest, Tokenized
+from .batcher import Batcher, BatchPolicy, Scored, ScoreFn
+from .debug import DebugKnobs, with_faults
+
+log = logging.getLogger(__name__)
+
+
+def request_tokens(engine: Engine, t: Tokenized) -> int:
+    """Tokens the request puts through the model under its scheme: what counts against the budget."""
+    num_tokens = getattr(engine, "num_tokens", None)
+    if num_tokens is not None:
+        return int(num_tokens(t))
+    prefix, items = len(t.prefix_ids), sum(len(i) for i in t.items)
+    copies = len(t.items) if engine.resolve_scheme(t) == "naive" else 1
+    return prefix * copies + items
+
+
+class ScoringService:
+    def __init__(self, engine: Engine, policy: BatchPolicy, knobs: DebugKnobs | None = None) -> None:
+        self.engine = engine
+        score: ScoreFn = self._score_counting_passes
+        if knobs is not None and knobs.active:
+            log.warning("test knobs active: %s", knobs)
+            score = with_faults(score, knobs, self.count_tokens)
+        self.batcher = Batcher(score, self.count_tokens, policy)
+        self._tokenizer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
+
+    def start(self) -> None:
+        self.batcher.start()
+
+    async def close(self) -> None:
+        await self.batcher.close()
+        self._tokenizer_thread.shutdown(wait=True)
+
+    def count_tokens(self, t: Tokenized) -> int:
+        return request_tokens(self.engine, t)
+
+    def scheme(self, t: Tokenized) -> str:
+        return self.engine.resolve_scheme(t)
+
+    async def tokenize(self, req: ScoreRequest) -> tuple[Tokenized, float]:
+        """Validate and tokenize on the tokenizer thread; raises InvalidInput naming the field."""
+        started = time.monotonic()
+        loop = asyncio.get_running_loop()
+        tokenized = await loop.run_in_executor(self._tokenizer_thread, self.engine.tokenize, req)
+        seconds = time.monotonic() - started
+        metrics.STAGE_DURATION.labels(stage="tokenize").observe(seconds)
+        return tokenized, seconds
+
+    async def score(self, t: Tokenized, deadline: float | None, request_id: str) -> Scored:
+        scored = await self.batcher.submit(t, deadline, request_id)
+        usage = scored.result.usage
+        metrics.observe_usage(scored.result.scheme, len(t.items), usage.tokens_computed, usage.tokens_saved)
+        return scored
+
+    def _score_counting_passes(self, batch: Sequence[Tokenized]) -> list[ScoreResult]:
+        before = self.engine.stats["forward_passes"]
+        try:
+            return self.engine.score_batch(batch)
+        finally:
+            metrics.FORWARD_PASSES.inc(self.engine.stats["forward_passes"] - before)
+
+
+def warm_up(engine: Engine) -> None:
+    """Score a small request with every scheme once, so no call pays for first-use setup."""
+    docs = (Doc("warm-up document", "a"), Doc("another warm-up document", "b"))
+    for scheme in PLANNERS:
+        engine.score(ScoreRequest("warm-up query", docs, options=ScoreOptions(scheme=scheme)))
