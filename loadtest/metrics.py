@@ -1,0 +1,126 @@
+"""The server's own counts from its Prometheus ``/metrics``, and their reconciliation with the client's.
+
+The names are the scorer's (scorer/metrics.py); the stub server exports the same ones.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+REQUESTS = "scorer_requests_total"  # labels scheme (concrete), code
+ERRORS = "scorer_errors_total"  # label code
+DOCS = "scorer_docs_scored_total"  # label scheme
+REJECTED = "scorer_requests_rejected_total"
+INFLIGHT = "scorer_inflight_requests"
+
+
+@dataclass
+class ServerCounts:
+    requests_by_code: dict[str, float] = field(default_factory=dict)
+    requests_by_scheme: dict[str, float] = field(default_factory=dict)
+    errors_by_code: dict[str, float] = field(default_factory=dict)
+    docs_by_scheme: dict[str, float] = field(default_factory=dict)
+    rejected: float = 0.0
+    inflight: float = 0.0
+
+    @property
+    def requests(self) -> float:
+        return sum(self.requests_by_code.values())
+
+    @property
+    def docs(self) -> float:
+        return sum(self.docs_by_scheme.values())
+
+    def minus(self, before: ServerCounts) -> ServerCounts:
+        def sub(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+            return {k: v - b.get(k, 0.0) for k, v in a.items() if v - b.get(k, 0.0)}
+
+        return ServerCounts(
+            sub(self.requests_by_code, before.requests_by_code),
+            sub(self.requests_by_scheme, before.requests_by_scheme),
+            sub(self.errors_by_code, before.errors_by_code),
+            sub(self.docs_by_scheme, before.docs_by_scheme),
+            self.rejected - before.rejected,
+            self.inflight,
+        )
+
+
+def parse(text: str) -> ServerCounts:
+    out = ServerCounts()
+    acc: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == REQUESTS:
+                acc["code"][s.labels.get("code", "").upper()] += s.value
+                acc["scheme"][s.labels.get("scheme", "")] += s.value
+            elif s.name == ERRORS:
+                acc["errors"][s.labels.get("code", "").upper()] += s.value
+            elif s.name == DOCS:
+                acc["docs"][s.labels.get("scheme", "")] += s.value
+            elif s.name == REJECTED:
+                out.rejected += s.value
+            elif s.name == INFLIGHT:
+                out.inflight += s.value
+    out.requests_by_code, out.requests_by_scheme = dict(acc["code"]), dict(acc["scheme"])
+    out.errors_by_code, out.docs_by_scheme = dict(acc["errors"]), dict(acc["docs"])
+    return out
+
+
+def scrape(url: str, timeout: float = 5.0) -> ServerCounts:
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return parse(resp.read().decode())
+
+
+def scrape_settled(url: str, expected: int, before: ServerCounts, wait_s: float = 5.0) -> ServerCounts:
+    """Scrape until the server has answered ``expected`` calls since ``before`` or ``wait_s`` passes.
+
+    Calls the client gave up on (deadline) may still be finishing on the server when the run ends.
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        delta = scrape(url).minus(before)
+        if delta.requests >= expected or time.monotonic() >= deadline:
+            return delta
+        time.sleep(0.1)
+
+
+DEADLINE_OR_CANCELLED = "DEADLINE_EXCEEDED/CANCELLED"
+"""A call the client gave up on at its deadline may end as CANCELLED on the server: one row for both."""
+
+
+def _merge_deadline(by_code: dict[str, float]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for code, n in by_code.items():
+        key = DEADLINE_OR_CANCELLED if code in ("DEADLINE_EXCEEDED", "CANCELLED") else code
+        out[key] = out.get(key, 0) + n
+    return out
+
+
+def reconcile(client: dict, server: ServerCounts) -> dict:
+    """Side by side: requests, ok, failed, docs scored (ok calls), and calls by status code."""
+    client_codes, server_codes = _merge_deadline(client["by_code"]), _merge_deadline(server.requests_by_code)
+    rows = {
+        "requests": (client["requests"], server.requests),
+        "ok": (client_codes.get("OK", 0), server_codes.get("OK", 0)),
+        "failed": (client["failed"], server.requests - server_codes.get("OK", 0)),
+        "docs": (client["docs_ok"], server.docs),
+    }
+    for c in sorted(set(client_codes) | set(server_codes)):
+        rows[f"code {c}"] = (client_codes.get(c, 0), server_codes.get(c, 0))
+    table = {
+        k: {"client": c, "server": s, "diff": s - c, "match": abs(s - c) < 1e-6} for k, (c, s) in rows.items()
+    }
+    return {
+        "matched": all(r["match"] for r in table.values()),
+        "rows": table,
+        "server_requests_by_code": server.requests_by_code,
+        "server_errors_by_code": server.errors_by_code,
+        "server_requests_by_scheme": server.requests_by_scheme,
+        "server_docs_by_scheme": server.docs_by_scheme,
+        "server_rejected": server.rejected,
+    }
