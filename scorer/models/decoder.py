@@ -14,10 +14,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from scorer.config import ModelConfig
-from scorer.models.rope import RotaryEmbedding
+from scorer.models.rope import RotaryEmbedding, apply_rope
 
 AttnFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 """attn(layer_idx, q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D]) -> out [T, Hq, D]."""
+CosSin = tuple[torch.Tensor, torch.Tensor]
 
 
 class RMSNorm(nn.Module):
@@ -48,16 +49,14 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
 
-    def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding, attn: AttnFn
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: CosSin, attn: AttnFn) -> torch.Tensor:
         T = x.shape[0]
         q = self.q_proj(x).view(T, -1, self.head_dim)
         k = self.k_proj(x).view(T, -1, self.head_dim)
         v = self.v_proj(x).view(T, -1, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rope(q, k, positions)
+        q, k = apply_rope(q, k, rope)
         return self.o_proj(attn(self.layer_idx, q, k, v).reshape(T, -1))
 
 
@@ -81,10 +80,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(
-        self, h: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding, attn: AttnFn
-    ) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), positions, rope, attn)
+    def forward(self, h: torch.Tensor, rope: CosSin, attn: AttnFn) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), rope, attn)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -113,8 +110,9 @@ class DecoderLM(nn.Module):
     def forward_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttnFn) -> torch.Tensor:
         """input_ids, positions: [T] long -> hidden states [T, hidden] before the final norm."""
         h = self.model.embed_tokens(input_ids)
+        rope = self.model.rotary_emb(positions, h.dtype)
         for layer in self.model.layers:
-            h = layer(h, positions, self.model.rotary_emb, attn)
+            h = layer(h, rope, attn)
         return h
 
     def score_logits(self, hidden_rows: torch.Tensor) -> torch.Tensor:

@@ -27,17 +27,10 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rope(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    positions: torch.Tensor,
-    inv_freq: torch.Tensor,
-    attention_scaling: float = 1.0,
+    q: torch.Tensor, k: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate q [T, Hq, D] and k [T, Hkv, D] by their token positions [T]."""
-    freqs = positions.to(torch.float32)[:, None] * inv_freq.to(positions.device)[None, :]
-    emb = torch.cat((freqs, freqs), dim=-1)
-    cos = (emb.cos() * attention_scaling).to(q.dtype)[:, None, :]
-    sin = (emb.sin() * attention_scaling).to(q.dtype)[:, None, :]
+    """Rotate q [T, Hq, D] and k [T, Hkv, D] by the [T, 1, D] tables of ``RotaryEmbedding``."""
+    cos, sin = cos_sin
     return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
 
 
@@ -53,7 +46,10 @@ class RotaryEmbedding(nn.Module):
             self._inv_freq = self._inv_freq.to(device)
         return self._inv_freq
 
-    def forward(
-        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        return apply_rope(q, k, positions, self.inv_freq(positions.device), self.attention_scaling)
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin tables [T, 1, D] for token positions [T], computed once per forward pass."""
+        freqs = positions.to(torch.float32)[:, None] * self.inv_freq(positions.device)[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = (emb.cos() * self.attention_scaling).to(dtype)[:, None, :]
+        sin = (emb.sin() * self.attention_scaling).to(dtype)[:, None, :]
+        return cos, sin
