@@ -13,15 +13,13 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
-    PlatformCollector,
     ProcessCollector,
     generate_latest,
     start_http_server,
 )
 
 REGISTRY = CollectorRegistry(auto_describe=True)
-ProcessCollector(registry=REGISTRY)
-PlatformCollector(registry=REGISTRY)
+ProcessCollector(namespace="scorer", registry=REGISTRY)
 
 UNRESOLVED_SCHEME = "none"
 """The ``scheme`` label of a call that failed before its scheme was known."""

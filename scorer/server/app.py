@@ -57,7 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-batch-tokens",
         type=int,
         default=b.max_batch_tokens,
-        help="token budget of one merged forward batch",
+        help="token budget of one forward pass: calls are merged up to it, a larger call runs alone"
+        " in several passes that reuse its prompt's K/V",
     )
     parser.add_argument(
         "--max-wait-ms",
@@ -210,7 +211,12 @@ async def _load_or_stop(args: argparse.Namespace, signals: _Signals) -> Engine |
 
 
 def _load_engine(args: argparse.Namespace) -> Engine:
-    config = dataclasses.replace(EngineConfig(), max_docs=args.max_docs, max_doc_tokens=args.max_doc_tokens)
+    config = dataclasses.replace(
+        EngineConfig(),
+        max_docs=args.max_docs,
+        max_doc_tokens=args.max_doc_tokens,
+        max_tokens_per_pass=args.max_batch_tokens,
+    )
     engine = build_engine(
         args.model, args.attention_backend, args.device, DTYPES.get(args.dtype or ""), config=config
     )

@@ -98,7 +98,14 @@ def _guarded(
             seconds = time.monotonic() - call.started
             inflight.leave()
             metrics.observe_request(call.scheme, code.name, seconds)
-            log.info("%s %s scheme=%s %.1f ms %s", method, code.name, call.scheme, seconds * 1e3, message)
+            log.info(
+                "%s %s scheme=%s %.1f ms%s",
+                method,
+                code.name,
+                call.scheme,
+                seconds * 1e3,
+                f": {message}" if message else "",
+            )
             close_call(token)
 
     return guarded

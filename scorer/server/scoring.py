@@ -21,16 +21,6 @@ from .debug import DebugKnobs, with_faults
 log = logging.getLogger(__name__)
 
 
-def request_tokens(engine: Engine, t: Tokenized) -> int:
-    """Tokens the request puts through the model under its scheme: what counts against the budget."""
-    num_tokens = getattr(engine, "num_tokens", None)
-    if num_tokens is not None:
-        return int(num_tokens(t))
-    prefix, items = len(t.prefix_ids), sum(len(i) for i in t.items)
-    copies = len(t.items) if engine.resolve_scheme(t) == "naive" else 1
-    return prefix * copies + items
-
-
 class ScoringService:
     def __init__(self, engine: Engine, policy: BatchPolicy, knobs: DebugKnobs | None = None) -> None:
         self.engine = engine
@@ -49,7 +39,8 @@ class ScoringService:
         self._tokenizer_thread.shutdown(wait=True)
 
     def count_tokens(self, t: Tokenized) -> int:
-        return request_tokens(self.engine, t)
+        """What a call counts against the batch token budget."""
+        return self.engine.num_tokens(t)
 
     def scheme(self, t: Tokenized) -> str:
         return self.engine.resolve_scheme(t)

@@ -1,0 +1,120 @@
+"""A real scorer server in a subprocess, and what a test needs to talk to it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
+
+from scorer.v1 import scorer_pb2_grpc
+
+REPO = Path(__file__).resolve().parents[2]
+START_TIMEOUT_S = 120.0
+CLIENT_OPTIONS = [("grpc.max_receive_message_length", 256 * 2**20)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class ServerProcess:
+    proc: subprocess.Popen
+    port: int
+    metrics_port: int
+    log_path: Path
+    root_cert: bytes | None = None
+
+    @property
+    def target(self) -> str:
+        return f"{'localhost' if self.root_cert else '127.0.0.1'}:{self.port}"
+
+    def channel(self) -> grpc.Channel:
+        if self.root_cert:
+            creds = grpc.ssl_channel_credentials(root_certificates=self.root_cert)
+            return grpc.secure_channel(self.target, creds, options=CLIENT_OPTIONS)
+        return grpc.insecure_channel(self.target, options=CLIENT_OPTIONS)
+
+    def stub(self) -> scorer_pb2_grpc.ScorerStub:
+        return scorer_pb2_grpc.ScorerStub(self.channel())
+
+    def health(self, timeout: float = 2.0) -> int:
+        with self.channel() as ch:
+            reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+        return reply.status
+
+    def metrics_text(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+            return r.read().decode()
+
+    def metric(self, name: str, **labels: str) -> float:
+        """Sum of the samples called ``name`` whose labels include ``labels`` (0 if none)."""
+        total = 0.0
+        for family in text_string_to_metric_families(self.metrics_text()):
+            for sample in family.samples:
+                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                    total += sample.value
+        return total
+
+    def wait_metric(self, name: str, at_least: float, timeout: float = 10.0, **labels: str) -> float:
+        deadline = time.monotonic() + timeout
+        while (value := self.metric(name, **labels)) < at_least and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return value
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+
+
+def start_server(
+    cache_dir: Path, log_dir: Path, args: Sequence[str] = (), root_cert: bytes | None = None
+) -> ServerProcess:
+    """Start ``python -m scorer.server`` on free loopback ports; return once health says SERVING."""
+    port, metrics_port = free_port(), free_port()
+    log_path = log_dir / f"server-{port}.log"
+    cmd = [sys.executable, "-m", "scorer.server", "--port", str(port), "--metrics-port", str(metrics_port)]
+    env = {**os.environ, "SCORER_CACHE_DIR": str(cache_dir), "PYTHONUNBUFFERED": "1"}
+    with log_path.open("wb") as log_file:
+        proc = subprocess.Popen(
+            [*cmd, "--drain-seconds", "0", *args],
+            cwd=REPO,
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+    server = ServerProcess(proc, port, metrics_port, log_path, root_cert)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{server.log()}")
+        try:
+            if server.health(timeout=1.0) == health_pb2.HealthCheckResponse.SERVING:
+                return server
+        except grpc.RpcError:
+            pass
+        time.sleep(0.1)
+    server.stop(signal.SIGKILL)
+    raise TimeoutError(f"server not SERVING after {START_TIMEOUT_S} s:\n{server.log()}")

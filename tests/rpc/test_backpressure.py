@@ -1,0 +1,125 @@
+"""Queue limits, deadlines, cancellation and out-of-memory, made deterministic by test knobs.
+
+The server here sleeps FORWARD_DELAY_S before every forward batch (``--debug-forward-delay-ms``),
+so a call sent while a batch computes waits in the queue for at least that long.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2
+from rpc_harness import ServerProcess, start_server
+
+from scorer.v1 import scorer_pb2 as pb
+
+FORWARD_DELAY_S = 1.0
+MAX_QUEUE = 2
+OOM_ABOVE_TOKENS = 400
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def slow_server(scorer_cache, server_logs) -> Iterator[ServerProcess]:
+    args = [
+        *("--debug-forward-delay-ms", str(FORWARD_DELAY_S * 1e3), "--max-wait-ms", "0"),
+        *("--max-queue", str(MAX_QUEUE), "--debug-oom-above-tokens", str(OOM_ABOVE_TOKENS)),
+    ]
+    proc = start_server(scorer_cache, server_logs, args)
+    yield proc
+    assert proc.stop() == 0, proc.log()
+
+
+def small(request_id: str, docs: int = 1) -> pb.ScoreDocsRequest:
+    return pb.ScoreDocsRequest(
+        prompt="q",
+        docs=[pb.Doc(text=f"doc {i}") for i in range(docs)],
+        options=pb.ScoreOptions(scheme="ragged", template="plain"),
+        request_id=request_id,
+    )
+
+
+def start_blocking_batch(server: ServerProcess, stub, request_id: str) -> grpc.Future:
+    """A call that holds the forward thread for FORWARD_DELAY_S; returns once its batch started."""
+    batches = server.metric("scorer_batch_requests_count")
+    future = stub.ScoreDocs.future(small(request_id), timeout=30)
+    server.wait_metric("scorer_batch_requests_count", batches + 1)
+    return future
+
+
+def test_a_call_whose_deadline_expires_in_the_queue_costs_no_forward_pass(slow_server):
+    stub = slow_server.stub()
+    stub.ScoreDocs(small("warm"), timeout=30)
+    passes_per_call = slow_server.metric("scorer_forward_passes_total")
+    dropped = slow_server.metric("scorer_requests_dropped_total", reason="deadline")
+
+    blocker = start_blocking_batch(slow_server, stub, "blocker")
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.ScoreDocs(small("too-late"), timeout=FORWARD_DELAY_S / 4)
+    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    blocker.result()
+
+    now_dropped = slow_server.wait_metric("scorer_requests_dropped_total", dropped + 1, reason="deadline")
+    assert now_dropped == dropped + 1
+    time.sleep(FORWARD_DELAY_S / 2)
+    assert slow_server.metric("scorer_forward_passes_total") == 2 * passes_per_call
+    assert "request_id=too-late dropped from the queue before its forward pass" in slow_server.log()
+
+
+def test_a_call_cancelled_in_the_queue_is_dropped(slow_server):
+    stub = slow_server.stub()
+    dropped = slow_server.metric("scorer_requests_dropped_total", reason="cancelled")
+    batches = slow_server.metric("scorer_batch_requests_count")
+
+    blocker = start_blocking_batch(slow_server, stub, "blocker-2")
+    queued = stub.ScoreDocs.future(small("cancelled"))
+    slow_server.wait_metric("scorer_queue_depth", 1)
+    assert queued.cancel()
+    blocker.result()
+
+    now_dropped = slow_server.wait_metric("scorer_requests_dropped_total", dropped + 1, reason="cancelled")
+    assert now_dropped == dropped + 1
+    assert slow_server.metric("scorer_batch_requests_count") == batches + 1
+
+
+def test_a_full_queue_refuses_at_once_with_resource_exhausted(slow_server):
+    stub = slow_server.stub()
+    blocker = start_blocking_batch(slow_server, stub, "blocker-3")
+    queued = [stub.ScoreDocs.future(small(f"queued-{i}"), timeout=30) for i in range(MAX_QUEUE)]
+    slow_server.wait_metric("scorer_queue_depth", MAX_QUEUE)
+
+    started = time.monotonic()
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.ScoreDocs(small("one-too-many"), timeout=30)
+    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert time.monotonic() - started < FORWARD_DELAY_S / 2
+    for future in [blocker, *queued]:
+        assert len(future.result().results) == 1
+
+
+def test_health_is_answered_while_a_forward_pass_computes(slow_server):
+    stub = slow_server.stub()
+    blocker = start_blocking_batch(slow_server, stub, "blocker-4")
+    started = time.monotonic()
+    assert slow_server.health(timeout=FORWARD_DELAY_S / 2) == health_pb2.HealthCheckResponse.SERVING
+    assert time.monotonic() - started < FORWARD_DELAY_S / 2
+    assert not blocker.done()
+    blocker.result()
+
+
+def test_out_of_memory_in_a_merged_batch_fails_only_the_call_that_does_not_fit(slow_server):
+    stub = slow_server.stub()
+    retries = slow_server.metric("scorer_oom_retries_total")
+    blocker = start_blocking_batch(slow_server, stub, "blocker-5")
+    fits = stub.ScoreDocs.future(small("fits", docs=3), timeout=30)
+    too_big = stub.ScoreDocs.future(small("too-big", docs=80), timeout=30)
+    slow_server.wait_metric("scorer_queue_depth", 2)
+    blocker.result()
+
+    assert too_big.exception().code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert len(fits.result().results) == 3
+    assert slow_server.metric("scorer_oom_retries_total") == retries + 1
+    assert slow_server.health() == health_pb2.HealthCheckResponse.SERVING

@@ -1,0 +1,86 @@
+"""Bad input is answered with INVALID_ARGUMENT naming the field, and the server stays healthy."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from scorer.v1 import scorer_pb2 as pb
+
+DOC = pb.Doc(text="a document")
+INVALID = grpc.StatusCode.INVALID_ARGUMENT
+
+
+def req(prompt: str = "q", docs=(DOC,), **options) -> pb.ScoreDocsRequest:
+    return pb.ScoreDocsRequest(prompt=prompt, docs=list(docs), options=pb.ScoreOptions(**options))
+
+
+BAD_INPUTS = {
+    "empty prompt": (req(prompt=""), INVALID, "prompt"),
+    "blank prompt": (req(prompt=" \n "), INVALID, "prompt"),
+    "no docs": (req(docs=()), INVALID, "docs"),
+    "empty prompt and no docs": (req(prompt="", docs=()), INVALID, "docs"),
+    "empty doc": (req(docs=(DOC, pb.Doc(id="x"))), INVALID, "docs[1].text"),
+    "more docs than --max-docs": (req(docs=[DOC] * 65), INVALID, "docs"),
+    "unknown scheme": (req(scheme="fastest"), INVALID, "options.scheme"),
+    "unknown template": (req(template="chatml"), INVALID, "options.template"),
+    "unknown score mode": (req(score_mode="odds"), INVALID, "options.score_mode"),
+    "unknown truncate mode": (req(truncate="middle"), INVALID, "options.truncate"),
+    "label of two tokens": (req(label_tokens=["yes", "maybe not"]), INVALID, "options.label_tokens[1]"),
+    "label id outside the vocabulary": (req(label_token_ids=[10**6]), INVALID, "options.label_token_ids"),
+    "prompt id outside the vocabulary": (
+        pb.ScoreDocsRequest(prompt_token_ids=[1, 10**6], docs=[DOC]),
+        INVALID,
+        "prompt_token_ids",
+    ),
+    "doc id outside the vocabulary": (req(docs=[pb.Doc(token_ids=[10**6])]), INVALID, "docs[0].token_ids"),
+    "doc over max_doc_tokens": (req(docs=[pb.Doc(text="x" * 50)], max_doc_tokens=5), INVALID, "docs[0]"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_bad_input_is_answered_with_its_code_and_field(server, case):
+    msg, code, field = BAD_INPUTS[case]
+    msg.request_id = f"bad-{case.replace(' ', '-')}"
+    with pytest.raises(grpc.RpcError) as caught:
+        server.stub().ScoreDocs(msg, timeout=30)
+    error = caught.value
+    trailers = dict(error.trailing_metadata())
+    assert error.code() == code
+    assert error.details().startswith(f"{field}: ")
+    assert trailers["x-invalid-field"] == field
+    assert trailers["x-request-id"] == msg.request_id
+
+
+def test_server_is_healthy_and_scores_after_every_bad_input(server):
+    for msg, _, _ in BAD_INPUTS.values():
+        with pytest.raises(grpc.RpcError):
+            server.stub().ScoreDocs(msg, timeout=30)
+    assert server.health() == health_pb2.HealthCheckResponse.SERVING
+    assert len(server.stub().ScoreDocs(req(), timeout=30).results) == 1
+    assert server.metric("scorer_errors_total", code="INVALID_ARGUMENT") >= len(BAD_INPUTS)
+    assert server.metric("scorer_request_duration_seconds_count", scheme="none", code="INVALID_ARGUMENT") > 0
+    assert server.metric("scorer_errors_total", code="INTERNAL") <= 1  # the batching test's injected fault
+
+
+def test_truncate_doc_end_cuts_instead_of_failing(server):
+    long_doc = req(docs=[pb.Doc(text="x" * 50)], max_doc_tokens=5, truncate="doc_end", template="plain")
+    reply = server.stub().ScoreDocs(long_doc, timeout=30)
+    assert (reply.results[0].doc_tokens, reply.results[0].truncated_tokens) == (5, 45)
+
+
+def test_messages_above_grpcs_4_mb_default_pass_both_ways(server):
+    big_ids = [pb.Doc(id=str(i) * 2**20, text="d") for i in range(5)]
+    reply = server.stub().ScoreDocs(req(docs=big_ids, scheme="ragged"), timeout=60)
+    assert reply.ByteSize() > 5 * 2**20
+    assert [len(r.id) for r in reply.results] == [2**20] * 5
+
+
+def test_reflection_lists_the_scorer_and_health_services(server):
+    with server.channel() as channel:
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        replies = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+        names = {s.name for s in next(replies).list_services_response.service}
+    assert {"scorer.v1.Scorer", "grpc.health.v1.Health"} <= names

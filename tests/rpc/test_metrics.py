@@ -1,0 +1,59 @@
+"""/metrics: scorer_-prefixed names in base units, a latency histogram for every scheme used."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from scorer.planning import PLANNERS
+from scorer.v1 import scorer_pb2 as pb
+
+EXPECTED_FAMILIES = {
+    "scorer_request_duration_seconds": "histogram",
+    "scorer_stage_duration_seconds": "histogram",
+    "scorer_requests": "counter",
+    "scorer_errors": "counter",
+    "scorer_requests_dropped": "counter",
+    "scorer_requests_rejected": "counter",
+    "scorer_docs_scored": "counter",
+    "scorer_tokens_computed": "counter",
+    "scorer_tokens_saved": "counter",
+    "scorer_forward_passes": "counter",
+    "scorer_batch_requests": "histogram",
+    "scorer_batch_tokens": "histogram",
+    "scorer_queue_depth": "gauge",
+    "scorer_inflight_requests": "gauge",
+    "scorer_ready": "gauge",
+}
+
+
+def test_every_scheme_used_has_its_latency_histogram_with_buckets_from_1_ms(server):
+    stub = server.stub()
+    for scheme in PLANNERS:
+        docs = [pb.Doc(text="first doc"), pb.Doc(text="second doc")]
+        options = pb.ScoreOptions(scheme=scheme, template="plain")
+        stub.ScoreDocs(pb.ScoreDocsRequest(prompt="q", docs=docs, options=options), timeout=30)
+
+    for scheme in PLANNERS:
+        labels = {"scheme": scheme, "code": "OK"}
+        assert server.metric("scorer_request_duration_seconds_count", **labels) >= 1, scheme
+        buckets = [
+            float(s.labels["le"])
+            for f in text_string_to_metric_families(server.metrics_text())
+            for s in f.samples
+            if s.name == "scorer_request_duration_seconds_bucket" and s.labels.items() >= labels.items()
+        ]
+        assert min(buckets) == 0.001
+        assert server.metric("scorer_docs_scored_total", scheme=scheme) >= 2
+        assert server.metric("scorer_tokens_computed_total", scheme=scheme) > 0
+    assert server.metric("scorer_tokens_saved_total", scheme="ragged") > 0
+
+
+def test_metric_names_are_prefixed_and_the_contract_families_are_there(server):
+    server.stub().ScoreDocs(pb.ScoreDocsRequest(prompt="q", docs=[pb.Doc(text="d")]), timeout=30)
+    families = {f.name: f.type for f in text_string_to_metric_families(server.metrics_text())}
+    assert all(name.startswith("scorer_") for name in families), sorted(families)
+    assert EXPECTED_FAMILIES.items() <= families.items()
+    for stage in ("queue", "tokenize", "forward"):
+        assert server.metric("scorer_stage_duration_seconds_count", stage=stage) > 0
+    assert server.metric("scorer_forward_passes_total") > 0
+    assert server.metric("scorer_ready") == 1
