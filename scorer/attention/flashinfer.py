@@ -1,0 +1,255 @@
+"""FlashInfer attention: every attention call of a plan as one paged batch-prefill call.
+
+The K/V of a layer is the page pool itself (``page_size = 1``): ``k`` and ``v`` of shape
+``[slots, Hkv, D]`` are handed to FlashInfer as ``[slots, 1, Hkv, D]`` views, so no K/V is
+copied. ``plan`` runs once per forward pass: it turns the host-side metadata of each call into
+FlashInfer's plan (indptrs, page table, kMultiItemScoring metadata or the packed custom mask)
+and moves it to the device with non-blocking copies; ``run`` then only launches kernels, once
+per layer, and never waits on the device. Calls over the same rows (cascade's shared and
+unique levels) are merged by log-sum-exp with ``merge_state_in_place``.
+
+Facts this relies on (FlashInfer 0.6.15.post1, see the GPU kit's README):
+
+* kMultiItemScoring is honoured only by ``BatchPrefillWithPagedKVCacheWrapper``.
+* ``prefix_len_ptr`` is read as ``uint32``, ``token_pos_in_items_ptr`` and ``max_item_len_ptr``
+  as ``uint16`` through raw pointers: an ``int32`` ``max_item_len`` would be read wrongly for
+  every request after the first.
+* The custom mask runs on the FA2 kernels only.
+* With ``packed_custom_mask``, ``plan`` leaves the mask offsets in bits while the kernel reads
+  bytes (flashinfer-ai/flashinfer#2201); the byte offsets of the plan are written back.
+* ``plan`` copies its scheduling data from a pinned host buffer with an asynchronous copy, so
+  a wrapper is planned again only once the copy of its previous plan has run (wrappers rotate
+  over ``RING`` sets, guarded by an event).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+
+from ..planning import Pass
+from ..planning.base import MAX_ITEM_LEN, AttentionCall, PlanError
+from .base import HeadSpec
+from .torch_ref import TorchBackend
+
+log = logging.getLogger(__name__)
+
+KERNELS = ("auto", "fa2", "fa3")
+DTYPES = (torch.float16, torch.bfloat16)
+HEAD_DIMS = (64, 128, 256)
+PREBUILT_HEAD_DIMS = (128,)  # in the GPU kit; the others compile on first use
+WORKSPACE_BYTES = 256 << 20
+RING = 2
+KERNELS_ENV = "SCORER_FLASHINFER_KERNELS"
+
+
+class UnsupportedShape(ValueError):
+    """A head spec FlashInfer has no kernel for."""
+
+
+def unsupported_reason(spec: HeadSpec) -> str | None:
+    """Why FlashInfer cannot run ``spec``, or None when it can."""
+    if spec.device.type != "cuda":
+        return f"device {spec.device} is not CUDA"
+    if spec.dtype not in DTYPES:
+        return f"dtype {spec.dtype} (FlashInfer prefill runs float16 and bfloat16)"
+    if spec.head_dim not in HEAD_DIMS:
+        return f"head_dim {spec.head_dim} (FlashInfer prefill has kernels for {HEAD_DIMS})"
+    if spec.num_qo_heads % spec.num_kv_heads:
+        return f"{spec.num_qo_heads} query heads are not a multiple of {spec.num_kv_heads} kv heads"
+    return None
+
+
+def default_kernel(device: torch.device) -> str:
+    """FA3 on Hopper (sm90), FA2 elsewhere; the custom mask always takes FA2."""
+    major, _ = torch.cuda.get_device_capability(device)
+    return "fa3" if major == 9 else "fa2"
+
+
+@dataclass
+class _Planned:
+    rows: tuple[int, int]
+    wrappers: list  # one per call of the merge group
+
+
+class FlashInferBackend:
+    """Runs planned passes on FlashInfer's paged prefill kernels.
+
+    Parameters
+    ----------
+    spec
+        Heads, head_dim, dtype and device of the model.
+    kernels
+        ``"fa2"``, ``"fa3"`` or ``"auto"`` (FA3 on sm90, FA2 otherwise; the custom mask always
+        runs on FA2). ``$SCORER_FLASHINFER_KERNELS`` overrides ``"auto"``.
+    fallback
+        When FlashInfer cannot run ``spec`` (dtype, head_dim, device), or its kernel module
+        fails to load, log a warning and run the torch reference instead of raising
+        ``UnsupportedShape``.
+    """
+
+    name = "flashinfer"
+
+    def __init__(
+        self,
+        spec: HeadSpec,
+        kernels: str = "auto",
+        fallback: bool = True,
+        workspace_bytes: int = WORKSPACE_BYTES,
+    ) -> None:
+        if kernels == "auto":
+            kernels = os.environ.get(KERNELS_ENV, "auto") or "auto"
+        if kernels not in KERNELS:
+            raise ValueError(f"unknown FlashInfer kernels {kernels!r}; expected one of {KERNELS}")
+        self.spec = spec
+        self.stats: Counter = Counter()
+        self._fallback: TorchBackend | None = None
+        self._allow_fallback = fallback
+        reason = unsupported_reason(spec)
+        if reason is not None:
+            self._fall_back(f"FlashInfer cannot run {reason}")
+            return
+        import flashinfer  # noqa: F401  (optional dependency; fails here, not in the layer loop)
+
+        self.kernels = default_kernel(spec.device) if kernels == "auto" else kernels
+        self._workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=spec.device)
+        self._wrappers: list[dict[tuple[int, str], object]] = [{} for _ in range(RING)]
+        self._ring_events: list[torch.cuda.Event | None] = [None] * RING
+        self._slot = 0
+        self._groups: list[_Planned] = []
+        self._num_calls = 0
+
+    @property
+    def fell_back(self) -> bool:
+        return self._fallback is not None
+
+    def _fall_back(self, why: str) -> None:
+        if not self._allow_fallback:
+            raise UnsupportedShape(why)
+        log.warning("%s; attention falls back to the torch reference backend", why)
+        self.name = "flashinfer->torch"
+        self._fallback = TorchBackend(self.spec)
+        self._fallback.stats = self.stats
+
+    def kernel_for(self, c: AttentionCall) -> str:
+        return "fa2" if c.custom_mask is not None else self.kernels
+
+    def plan(self, p: Pass) -> None:
+        """Plan every call of ``p`` (host metadata -> device, no synchronisation)."""
+        if self._fallback is not None:
+            self._fallback.plan(p)
+            return
+        slot = self._next_slot()
+        groups = []
+        try:
+            for members in p.merge_groups():
+                wrappers = [self._plan_call(slot, i, p.calls[i]) for i in members]
+                groups.append(_Planned(p.calls[members[0]].rows, wrappers))
+        except (RuntimeError, ImportError, OSError) as e:  # a kernel module that cannot load
+            self._fall_back(f"FlashInfer plan failed ({type(e).__name__}: {e})")
+            self._fallback.plan(p)
+            return
+        ev = torch.cuda.Event()
+        ev.record()
+        self._ring_events[slot] = ev
+        self._groups = groups
+        self._num_calls = len(p.calls)
+
+    def _next_slot(self) -> int:
+        self._slot = (self._slot + 1) % RING
+        ev = self._ring_events[self._slot]
+        if ev is not None and not ev.query():
+            ev.synchronize()  # the GPU is RING plans behind; never seen in the engine's use
+        return self._slot
+
+    def _wrapper(self, slot: int, index: int, kernel: str):
+        import flashinfer
+
+        key = (index, kernel)
+        w = self._wrappers[slot].get(key)
+        if w is None:
+            w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, "NHD", backend=kernel)
+            self._wrappers[slot][key] = w
+        return w
+
+    def _plan_call(self, slot: int, index: int, c: AttentionCall):
+        s, dev = self.spec, self.spec.device
+        kernel = self.kernel_for(c)
+        w = self._wrapper(slot, index, kernel)
+        kw: dict = {}
+        if c.multi_item is not None:
+            m = c.multi_item
+            if int(m.max_item_len.max()) > MAX_ITEM_LEN:
+                raise PlanError(f"an item over {MAX_ITEM_LEN} tokens cannot run multi-item scoring")
+            kw = dict(
+                prefix_len_ptr=m.prefix_len.to(torch.int32).view(torch.uint32).to(dev, non_blocking=True),
+                token_pos_in_items_ptr=m.token_pos_in_items.to(torch.uint16).to(dev, non_blocking=True),
+                token_pos_in_items_len=int(m.token_pos_in_items_len),
+                max_item_len_ptr=m.max_item_len.to(torch.uint16).to(dev, non_blocking=True),
+            )
+        if c.custom_mask is not None:
+            kw["packed_custom_mask"] = c.custom_mask.packed
+        w.plan(
+            c.qo_indptr,
+            c.kv_indptr,
+            c.kv_indices,
+            torch.ones(c.num_requests, dtype=torch.int32),
+            s.num_qo_heads,
+            s.num_kv_heads,
+            s.head_dim,
+            1,
+            causal=c.causal,
+            sm_scale=s.sm_scale,
+            q_data_type=s.dtype,
+            kv_data_type=s.dtype,
+            non_blocking=True,
+            **kw,
+        )
+        if c.custom_mask is not None:
+            w._mask_indptr_buf = c.custom_mask.indptr.to(dev, non_blocking=True)
+        return w
+
+    def run(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Attention of every planned call for one layer.
+
+        Parameters
+        ----------
+        q
+            ``[rows, Hq, D]``, the pass's queries.
+        k, v
+            ``[slots, Hkv, D]``, the layer's K/V pool (a single-pass plan: the pass's own K/V).
+
+        Returns
+        -------
+        torch.Tensor
+            ``[rows, Hq, D]`` in ``q.dtype``.
+        """
+        if self._fallback is not None:
+            return self._fallback.run(layer, q, k, v)
+        kv = (k.unsqueeze(1), v.unsqueeze(1))
+        out = torch.empty_like(q)
+        for g in self._groups:
+            q0, q1 = g.rows
+            if q1 == q0:
+                continue
+            qs, os_ = q[q0:q1], out[q0:q1]
+            if len(g.wrappers) == 1:
+                g.wrappers[0].run(qs, kv, out=os_)
+                continue
+            _, lse = g.wrappers[0].run(qs, kv, out=os_, return_lse=True)
+            for w in g.wrappers[1:]:
+                o2, lse2 = w.run(qs, kv, return_lse=True)
+                _merge_state_in_place(os_, lse, o2, lse2)
+            self.stats["merges"] += len(g.wrappers) - 1
+        self.stats["calls"] += self._num_calls
+        return out
+
+
+def _merge_state_in_place(v, s, v_other, s_other) -> None:
+    import flashinfer
+
+    flashinfer.merge_state_in_place(v, s, v_other, s_other)

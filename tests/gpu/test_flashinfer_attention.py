@@ -1,0 +1,244 @@
+"""FlashInfer backend against the torch reference, one attention layer per plan (replay_attention).
+
+Skipped without CUDA and flashinfer; run on the device machine with ``pytest -m gpu tests/gpu``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs CUDA", allow_module_level=True)
+flashinfer = pytest.importorskip("flashinfer")
+
+from scorer.attention.base import HeadSpec  # noqa: E402
+from scorer.attention.flashinfer import FlashInferBackend  # noqa: E402
+from scorer.attention.kvpool import replay_attention  # noqa: E402
+from scorer.attention.torch_ref import TorchBackend  # noqa: E402
+from scorer.planning import Shape, check_plan, combine, planner  # noqa: E402
+from scorer.planning.base import Plan  # noqa: E402
+from scorer.planning.packbits import multi_item_mask, pack_segments  # noqa: E402
+
+DEV = torch.device("cuda")
+SM90 = torch.cuda.get_device_capability()[0] == 9
+KERNELS = ["fa2", pytest.param("fa3", marks=pytest.mark.skipif(not SM90, reason="FA3 needs sm90"))]
+SCHEMES = [
+    "naive",
+    "split_cache",
+    "ragged",
+    "cascade",
+    "multi_item",
+    "custom_mask",
+    "grouped:1",
+    "grouped:3",
+    "grouped:8",
+]
+MAX_REL_ERR = 1e-2
+
+
+def make_plan(name: str, shapes: list[Shape]) -> Plan:
+    scheme, _, g = name.partition(":")
+    plan = planner(scheme, int(g or 8))(shapes)
+    check_plan(plan, 32768)
+    return plan
+
+
+def spec(dtype: torch.dtype, heads: tuple[int, int] = (8, 2)) -> HeadSpec:
+    return HeadSpec(heads[0], heads[1], 128, dtype, DEV)
+
+
+def random_qkv(shapes, sp: HeadSpec, seed: int) -> list[torch.Tensor]:
+    n = sum(s.num_tokens for s in shapes)
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    return [
+        torch.randn(n, h, sp.head_dim, generator=g, device=DEV, dtype=sp.dtype)
+        for h in (sp.num_qo_heads, sp.num_kv_heads, sp.num_kv_heads)
+    ]
+
+
+def random_shapes(rng: random.Random) -> list[Shape]:
+    """1-3 prompts; prefixes across FlashInfer's 64/128-row tiles, items from 1 to 300 tokens."""
+    out = []
+    for _ in range(rng.randint(1, 3)):
+        p = rng.choice([1, 7, 63, 64, 65, 129, rng.randint(1, 700)])
+        n = rng.randint(1, 12)
+        items = tuple(rng.choice([1, 2, 5, rng.randint(1, 40), rng.randint(1, 300)]) for _ in range(n))
+        out.append(Shape(p, items))
+    return out
+
+
+def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((got.float() - ref.float()).norm() / ref.float().norm())
+
+
+def check_close(got: torch.Tensor, ref: torch.Tensor, what: str) -> None:
+    assert bool(torch.isfinite(got).all()), f"{what}: non-finite output"
+    err = rel_err(got, ref)
+    assert err < MAX_REL_ERR, f"{what}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("kernels", KERNELS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_scheme_equals_torch_reference(scheme: str, dtype: torch.dtype, kernels: str):
+    rng = random.Random(f"{scheme}-{dtype}-{kernels}")
+    sp = spec(dtype)
+    backend = FlashInferBackend(sp, kernels=kernels, fallback=False)
+    for trial in range(4):
+        shapes = random_shapes(rng)
+        q, k, v = random_qkv(shapes, sp, seed=trial)
+        plan = make_plan(scheme, shapes)
+        got = replay_attention(plan, backend, q, k, v)
+        check_close(got, replay_attention(plan, TorchBackend(sp), q, k, v), f"{scheme} {shapes}")
+        naive = replay_attention(make_plan("naive", shapes), TorchBackend(sp), q, k, v)
+        check_close(got, naive, f"{scheme} vs naive {shapes}")
+    assert backend.name == "flashinfer"
+
+
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_mixed_batch_equals_torch_reference(kernels: str):
+    rng = random.Random(kernels)
+    sp = spec(torch.bfloat16)
+    backend = FlashInferBackend(sp, kernels=kernels, fallback=False)
+    for trial in range(6):
+        shapes = random_shapes(rng) + random_shapes(rng)
+        plan = combine([make_plan(rng.choice(SCHEMES), [s]) for s in shapes])
+        check_plan(plan, 32768)
+        q, k, v = random_qkv(shapes, sp, seed=100 + trial)
+        check_close(
+            replay_attention(plan, backend, q, k, v),
+            replay_attention(make_plan("naive", shapes), TorchBackend(sp), q, k, v),
+            f"mixed {shapes}",
+        )
+
+
+@pytest.mark.parametrize("kernels", KERNELS)
+@pytest.mark.parametrize("scheme", ["ragged", "cascade", "multi_item", "grouped:8", "split_cache"])
+@pytest.mark.parametrize(
+    "shape", [Shape(8196, (4,) * 32), Shape(96, (256,) * 32)], ids=["P8196S4M32", "P96S256M32"]
+)
+def test_article_shapes_equal_torch_reference(scheme: str, shape: Shape, kernels: str):
+    sp = spec(torch.float16, heads=(16, 8))
+    q, k, v = random_qkv([shape], sp, seed=7)
+    plan = make_plan(scheme, [shape])
+    got = replay_attention(plan, FlashInferBackend(sp, kernels=kernels, fallback=False), q, k, v)
+    check_close(got, replay_attention(plan, TorchBackend(sp), q, k, v), f"{scheme} {shape}")
+
+
+def test_cascade_merges_once_per_layer():
+    sp = spec(torch.bfloat16)
+    shapes = [Shape(96, (4, 4))]
+    backend = FlashInferBackend(sp, fallback=False)
+    replay_attention(make_plan("cascade", shapes), backend, *random_qkv(shapes, sp, 0))
+    assert backend.stats == Counter({"calls": 3, "merges": 1})
+
+
+class RaggedWrapperBackend:
+    """Multi-item calls through ``BatchPrefillWithRaggedKVCacheWrapper``, which accepts the
+    multi-item arguments and runs a plain causal mask: the leak the isolation test must catch."""
+
+    name = "ragged-wrapper"
+
+    def __init__(self, sp: HeadSpec) -> None:
+        self.spec, self.stats = sp, Counter()
+        ws = torch.empty(128 << 20, dtype=torch.uint8, device=DEV)
+        self.wrapper = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", backend="fa2")
+
+    def plan(self, p) -> None:
+        (c,) = p.calls
+        m = c.multi_item
+        self.idx = c.kv_indices.long().to(DEV)
+        self.wrapper.plan(
+            c.qo_indptr.to(DEV),
+            c.kv_indptr.to(DEV),
+            self.spec.num_qo_heads,
+            self.spec.num_kv_heads,
+            self.spec.head_dim,
+            causal=True,
+            q_data_type=self.spec.dtype,
+            prefix_len_ptr=m.prefix_len.view(torch.uint32).to(DEV),
+            token_pos_in_items_ptr=m.token_pos_in_items.to(DEV),
+            token_pos_in_items_len=m.token_pos_in_items_len,
+            max_item_len_ptr=m.max_item_len.to(torch.uint16).to(DEV),
+        )
+
+    def run(self, layer, q, k, v):
+        return self.wrapper.run(q, k[self.idx].contiguous(), v[self.idx].contiguous())
+
+
+def later_items_change(backend, scheme: str) -> bool:
+    """Whether changing item 1's K/V changes the output of item 2 (which must not see item 1)."""
+    sp = backend.spec
+    shape = Shape(100, (30, 40, 50))
+    q, k, v = random_qkv([shape], sp, seed=3)
+    plan = make_plan(scheme, [shape])
+    before = replay_attention(plan, backend, q, k, v)
+    item1 = slice(130, 170)
+    k2, v2 = k.clone(), v.clone()
+    k2[item1] += 3 * torch.randn_like(k2[item1])
+    v2[item1] += 3 * torch.randn_like(v2[item1])
+    after = replay_attention(plan, backend, q, k2, v2)
+    assert rel_err(after[30:70], before[30:70]) > 0.05, "item 1 itself must change"
+    return rel_err(after[70:], before[70:]) > 1e-3
+
+
+@pytest.mark.parametrize("kernels", KERNELS)
+@pytest.mark.parametrize(
+    "scheme", ["multi_item", "grouped:2", "grouped:8", "custom_mask", "ragged", "cascade"]
+)
+def test_items_cannot_see_each_other(scheme: str, kernels: str):
+    sp = spec(torch.bfloat16)
+    assert not later_items_change(FlashInferBackend(sp, kernels=kernels, fallback=False), scheme)
+
+
+def test_isolation_check_catches_the_ragged_wrapper():
+    assert later_items_change(RaggedWrapperBackend(spec(torch.bfloat16)), "multi_item")
+
+
+def test_packing_equals_flashinfer_segment_packbits():
+    g = torch.Generator().manual_seed(0)
+    sizes = [(1, 1), (3, 5), (7, 9), (16, 16), (33, 70), (5, 3)]
+    masks = [torch.rand(q, k, generator=g) < 0.5 for q, k in sizes]
+    ours = pack_segments(masks)
+    bit_indptr = torch.tensor([0] + [q * k for q, k in sizes], dtype=torch.int32).cumsum(0).to(torch.int32)
+    flat = torch.cat([m.flatten() for m in masks]).to(DEV)
+    theirs, theirs_indptr = flashinfer.quantization.segment_packbits(
+        flat, bit_indptr.to(DEV), bitorder="little"
+    )
+    assert torch.equal(ours.packed, theirs.cpu())
+    assert ours.indptr.tolist() == theirs_indptr.cpu().tolist()
+
+
+def test_planner_mask_equals_flashinfers_own_packing_in_plan():
+    """FlashInfer packs a boolean ``custom_mask`` itself inside ``plan``; the planner's bytes and
+    byte offsets must be the same."""
+    shapes = [Shape(13, (3, 9, 1)), Shape(70, (20, 5))]
+    plan = combine([make_plan("custom_mask", [s]) for s in shapes])
+    (c,) = plan.passes[0].calls
+    flat = torch.cat([multi_item_mask(s.prefix_len, s.item_lens).flatten() for s in shapes])
+    ws = torch.empty(16 << 20, dtype=torch.uint8, device=DEV)
+    w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend="fa2")
+    n = c.num_requests
+    w.plan(c.qo_indptr, c.kv_indptr, c.kv_indices, torch.ones(n, dtype=torch.int32), 8, 2, 128, 1,
+           custom_mask=flat.to(DEV), q_data_type=torch.bfloat16)  # fmt: skip
+    assert torch.equal(w._custom_mask_buf.cpu(), c.custom_mask.packed)
+    assert w._mask_indptr_buf.cpu().tolist() == c.custom_mask.indptr.tolist()
+
+
+def test_unsupported_spec_falls_back_or_raises():
+    from scorer.attention.flashinfer import UnsupportedShape
+
+    fp32 = HeadSpec(8, 2, 128, torch.float32, DEV)
+    b = FlashInferBackend(fp32)
+    assert b.fell_back
+    shapes = [Shape(20, (5, 6))]
+    q, k, v = random_qkv(shapes, fp32, 0)
+    got = replay_attention(make_plan("multi_item", shapes), b, q, k, v)
+    check_close(got, replay_attention(make_plan("naive", shapes), TorchBackend(fp32), q, k, v), "fallback")
+    with pytest.raises(UnsupportedShape, match="head_dim 96"):
+        FlashInferBackend(HeadSpec(8, 2, 96, torch.bfloat16, DEV), fallback=False)
