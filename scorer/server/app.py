@@ -146,33 +146,14 @@ async def serve(args: argparse.Namespace) -> int:
     inflight = Inflight()
     servicer = ScorerServicer()
     health = health_aio.HealthServicer()
-    server = grpc.aio.server(
-        interceptors=[CallInterceptor("scorer.v1", inflight)],
-        options=[
-            ("grpc.max_receive_message_length", args.max_message_bytes),
-            ("grpc.max_send_message_length", args.max_message_bytes),
-            ("grpc.so_reuseport", 0),
-        ],
-    )
-    scorer_pb2_grpc.add_ScorerServicer_to_server(servicer, server)
-    health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    reflection.enable_server_reflection(
-        (SCORER_SERVICE, HEALTH_SERVICE_NAME, reflection.SERVICE_NAME), server
-    )
     await _set_health(health, NOT_SERVING)
-    address = f"{args.host}:{args.port}"
-    if args.tls_cert:
-        credentials = grpc.ssl_server_credentials(
-            [(Path(args.tls_key).read_bytes(), Path(args.tls_cert).read_bytes())]
-        )
-        server.add_secure_port(address, credentials)
-    else:
-        server.add_insecure_port(address)
+    server, port = _grpc_server(args, servicer, health, inflight)
     await server.start()
     metrics_http = metrics.serve_http(args.metrics_port, args.host) if args.metrics_port else None
     log.info(
-        "listening on %s (%s); metrics on port %s",
-        address,
+        "listening on %s:%d (%s); metrics on port %s",
+        args.host,
+        port,
         "TLS" if args.tls_cert else "plaintext",
         args.metrics_port or "off",
     )
@@ -196,6 +177,29 @@ async def serve(args: argparse.Namespace) -> int:
             metrics_http.shutdown()
     log.info("stopped")
     return 0
+
+
+def _grpc_server(
+    args: argparse.Namespace, servicer: ScorerServicer, health: health_aio.HealthServicer, inflight: Inflight
+) -> tuple[grpc.aio.Server, int]:
+    """The server with its services registered and its port bound; returns it and the port."""
+    server = grpc.aio.server(
+        interceptors=[CallInterceptor("scorer.v1", inflight)],
+        options=[
+            ("grpc.max_receive_message_length", args.max_message_bytes),
+            ("grpc.max_send_message_length", args.max_message_bytes),
+            ("grpc.so_reuseport", 0),
+        ],
+    )
+    scorer_pb2_grpc.add_ScorerServicer_to_server(servicer, server)
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    services = (SCORER_SERVICE, HEALTH_SERVICE_NAME, reflection.SERVICE_NAME)
+    reflection.enable_server_reflection(services, server)
+    address = f"{args.host}:{args.port}"
+    if not args.tls_cert:
+        return server, server.add_insecure_port(address)
+    key_and_chain = (Path(args.tls_key).read_bytes(), Path(args.tls_cert).read_bytes())
+    return server, server.add_secure_port(address, grpc.ssl_server_credentials([key_and_chain]))
 
 
 async def _load_or_stop(args: argparse.Namespace, signals: _Signals) -> Engine | None:

@@ -5,12 +5,12 @@ from pathlib import Path
 
 import pytest
 from rpc_harness import ServerProcess, start_server
+from rpc_requests import FAULT_PROMPT
 
 from scorer.engine import Engine
 from scorer.models.tiny import ensure_tiny_model
 from scorer.runtime import build_engine
 
-FAULT_PROMPT = "please fail this batch"
 MAIN_SERVER_ARGS = ("--max-wait-ms", "20", "--max-docs", "64", "--debug-fault-prompt", FAULT_PROMPT)
 
 

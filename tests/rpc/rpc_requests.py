@@ -9,6 +9,8 @@ from scorer.planning import SCHEMES
 from scorer.server.convert import request_from_proto
 from scorer.v1 import scorer_pb2 as pb
 
+FAULT_PROMPT = "please fail this batch"  # the shared server's --debug-fault-prompt
+
 WORDS = [
     *("prefix", "cache", "attention", "kernel", "ranking", "query", "document", "shared", "token"),
     *("batch", "score", "model", "layer", "search", "engine", "relevance", "passage", "answer"),

@@ -6,8 +6,8 @@ import random
 
 import grpc
 import pytest
-from conftest import FAULT_PROMPT
-from rpc_requests import random_request, solo
+from grpc_health.v1 import health_pb2
+from rpc_requests import FAULT_PROMPT, random_request, solo
 
 from scorer.v1 import scorer_pb2 as pb
 
@@ -60,3 +60,4 @@ def test_a_faulty_call_fails_alone_with_internal_and_its_batch_mates_succeed(ser
         )
     assert server.metric("scorer_errors_total", code="INTERNAL") == internal_before + 1
     assert "Traceback" in server.log() and "injected fault" in server.log()
+    assert server.health() == health_pb2.HealthCheckResponse.SERVING
