@@ -101,6 +101,20 @@ def _merge_deadline(by_code: dict[str, float]) -> dict[str, float]:
     return out
 
 
+def _explain(table: dict, client_codes: dict[str, float], server_codes: dict[str, float]) -> str:
+    """Calls done on the server just after the client's deadline: OK there, DEADLINE_EXCEEDED here."""
+    late = server_codes.get("OK", 0) - client_codes.get("OK", 0)
+    dl = client_codes.get(DEADLINE_OR_CANCELLED, 0) - server_codes.get(DEADLINE_OR_CANCELLED, 0)
+    others = [k for k, r in table.items() if not r["match"]]
+    expected = {"ok", "failed", "docs", "code OK", f"code {DEADLINE_OR_CANCELLED}"}
+    if late > 0 and dl == late and set(others) <= expected and table["docs"]["diff"] >= late:
+        return (
+            f"match but for {late:g} call(s) the server answered OK after the client's deadline "
+            "(DEADLINE_EXCEEDED here)"
+        )
+    return "do not match"
+
+
 def reconcile(client: dict, server: ServerCounts) -> dict:
     """Side by side: requests, ok, failed, docs scored (ok calls), and calls by status code."""
     client_codes, server_codes = _merge_deadline(client["by_code"]), _merge_deadline(server.requests_by_code)
@@ -115,8 +129,10 @@ def reconcile(client: dict, server: ServerCounts) -> dict:
     table = {
         k: {"client": c, "server": s, "diff": s - c, "match": abs(s - c) < 1e-6} for k, (c, s) in rows.items()
     }
+    matched = all(r["match"] for r in table.values())
     return {
-        "matched": all(r["match"] for r in table.values()),
+        "matched": matched,
+        "verdict": "match" if matched else _explain(table, client_codes, server_codes),
         "rows": table,
         "server_requests_by_code": server.requests_by_code,
         "server_errors_by_code": server.errors_by_code,

@@ -1,7 +1,12 @@
-"""PNG plots (matplotlib, Agg): latency over time, latency CDF, latency-throughput curves of a sweep."""
+"""PNG plots (matplotlib, Agg): latency over time, latency CDF, latency-throughput curves of a sweep.
+
+A series is one run: (label, group, arrays); runs of one group (a scheme, in a sweep) share a colour
+over time and a panel in the CDF.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -10,85 +15,124 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from .stats import Arrays  # noqa: E402
 
+Series = tuple[str, str, Arrays]
 MAX_POINTS = 20_000
 DPI = 100
 
 
-def latency_over_time(runs: Sequence[tuple[str, Arrays]], path: Path) -> None:
+def _group_colors(groups: Sequence[str]) -> dict[str, str]:
+    return {g: f"C{k % 10}" for k, g in enumerate(dict.fromkeys(groups))}
+
+
+def latency_over_time(runs: Sequence[Series], path: Path) -> None:
     """Each call at its scheduled time (runs one after another), ok as dots, failures as red crosses."""
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    fig, ax = plt.subplots(figsize=(10, 4.8))
+    colors = _group_colors([g for _, g, _ in runs])
+    many = len(runs) > 6
     offset, any_failed = 0.0, False
     rng = np.random.default_rng(0)
-    for k, (label, a) in enumerate(runs):
+    per_run = MAX_POINTS // max(len(runs), 1)
+    for label, group, a in runs:
+        if not len(a.sched):
+            continue
         t = a.sched + offset
-        keep = np.arange(len(t))
-        if len(t) > MAX_POINTS // max(len(runs), 1):
-            keep = np.sort(rng.choice(len(t), MAX_POINTS // len(runs), replace=False))
-        ok = a.ok[keep]
-        color = f"C{k % 10}"
-        ax.scatter(t[keep][ok], a.latency[keep][ok] * 1e3, s=3, alpha=0.4, color=color, label=label)
+        keep = np.arange(len(t)) if len(t) <= per_run else np.sort(rng.choice(len(t), per_run, replace=False))
+        ok, color = a.ok[keep], colors[group]
+        ax.scatter(
+            t[keep][ok], a.latency[keep][ok] * 1e3, s=3, alpha=0.4, color=color, label=None if many else label
+        )
         if (~ok).any():
             any_failed = True
-            ax.scatter(t[keep][~ok], a.latency[keep][~ok] * 1e3, s=10, marker="x", color="red")
+            ax.scatter(t[keep][~ok], a.latency[keep][~ok] * 1e3, s=8, marker="x", color="red", alpha=0.5)
         xs, p99 = _p99_per_second(t, a.latency, a.ok)
         ax.plot(xs + 0.5, p99 * 1e3, color=color, lw=1.2)
         if len(runs) > 1:
             ax.axvline(offset, color="grey", lw=0.5)
-        offset = float(np.ceil(t.max())) + 1.0 if len(t) else offset
+        if many:
+            ax.text(offset + 0.2, 1.01, label, transform=ax.get_xaxis_transform(), rotation=60, fontsize=6)
+        offset = float(np.ceil(t.max())) + 1.0
+    handles = [Line2D([], [], marker="o", ls="", color=c, label=g) for g, c in colors.items()] if many else []
     if any_failed:
-        ax.scatter([], [], s=10, marker="x", color="red", label="failed")
+        handles.append(Line2D([], [], marker="x", ls="", color="red", label="failed"))
     ax.set(xlabel="scheduled send time (s)", ylabel="latency (ms)", yscale="log")
-    ax.set_title("Latency over time (dots: calls; line: p99 per second)")
+    ax.set_title("Latency over time (dots: calls; line: p99 per second)", pad=40 if many else 6)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, markerscale=3)
+    if many:
+        ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    else:
+        ax.legend(handles=ax.get_legend_handles_labels()[0] + handles, fontsize=7, markerscale=2)
     _save(fig, path)
 
 
-def latency_cdf(runs: Sequence[tuple[str, Arrays]], path: Path) -> None:
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for k, (label, a) in enumerate(runs):
-        lat = np.sort(a.latency[a.ok]) * 1e3
-        if not len(lat):
-            continue
-        y = np.arange(1, len(lat) + 1) / len(lat)
-        ax.plot(lat, y, color=f"C{k % 10}", label=f"{label} (n={len(lat)})")
-    for q in (0.5, 0.9, 0.99):
-        ax.axhline(q, color="grey", lw=0.5, ls=":")
-    ax.set(xlabel="latency of ok calls (ms)", ylabel="fraction of calls", xscale="log", ylim=(0, 1.01))
-    ax.set_title("Latency CDF")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
+def latency_cdf(runs: Sequence[Series], path: Path) -> None:
+    """One panel per group, one line per run of it."""
+    groups = list(dict.fromkeys(g for _, g, _ in runs)) or [""]
+    cols = min(3, len(groups))
+    rows = math.ceil(len(groups) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols + 1.5, 3.4 * rows), squeeze=False, sharex=True)
+    for ax, group in zip(axes.flat, groups, strict=False):
+        members = [(label, a) for label, g, a in runs if g == group]
+        shades = plt.get_cmap("viridis")(np.linspace(0, 0.85, max(len(members), 1)))
+        for (label, a), color in zip(members, shades, strict=True):
+            lat = np.sort(a.latency[a.ok]) * 1e3
+            if len(lat):
+                ax.plot(
+                    lat, np.arange(1, len(lat) + 1) / len(lat), color=color, label=f"{label} (n={len(lat)})"
+                )
+        for q in (0.5, 0.9, 0.99):
+            ax.axhline(q, color="grey", lw=0.5, ls=":")
+        ax.set(xscale="log", ylim=(0, 1.01), title=group if len(groups) > 1 else "Latency CDF")
+        ax.set(xlabel="latency of ok calls (ms)", ylabel="fraction of calls")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=6, loc="lower right")
+    for ax in list(axes.flat)[len(groups) :]:
+        ax.set_visible(False)
     _save(fig, path)
 
 
 def latency_throughput(runs: Sequence[dict], path: Path) -> None:
-    """One curve per scheme: p50 (dashed) and p99 (solid) latency against achieved ok calls/s."""
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.5), gridspec_kw={"width_ratios": [3, 2]})
-    schemes = sorted({r["scheme"] for r in runs})
-    for k, scheme in enumerate(schemes):
+    """Per scheme: p99 (solid) and p50 (dashed) against achieved ok calls/s; hollow markers: saturated."""
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.8), gridspec_kw={"width_ratios": [3, 2]})
+    colors = _group_colors([r["scheme"] for r in runs])
+    for scheme, color in colors.items():
         pts = sorted((r for r in runs if r["scheme"] == scheme), key=lambda r: r["offered_rps"] or 0)
-        x = [r["achieved_rps"] for r in pts]
-        p50 = [_ms(r["latency_seconds"]["p50"]) for r in pts]
-        p99 = [_ms(r["latency_seconds"]["p99"]) for r in pts]
-        color = f"C{k % 10}"
-        ax.plot(x, p99, "o-", color=color, label=f"{scheme} p99")
-        ax.plot(x, p50, "s--", color=color, alpha=0.6, label=f"{scheme} p50")
-        for r, xi, yi in zip(pts, x, p99, strict=True):
+        x = np.array([r["achieved_rps"] for r in pts])
+        sat = np.array([r["saturation"]["saturated"] for r in pts])
+        good = np.flatnonzero(~sat)
+        bad = np.flatnonzero(sat)
+        for q, ls, marker, alpha in (("p99", "-", "o", 1.0), ("p50", "--", "s", 0.5)):
+            y = np.array([_ms(r["latency_seconds"][q]) for r in pts])
+            ax.plot(x[good], y[good], ls=ls, marker=marker, color=color, alpha=alpha)
+            if len(bad):
+                ax.scatter(
+                    x[bad], y[bad], marker=marker, facecolors="none", edgecolors=color, alpha=alpha, s=40
+                )
+        for i in bad:
+            r = pts[i]
             if r["failed"]:
-                ax.annotate(f"{100 * r['failed'] / max(r['requests'], 1):.0f}% err", (xi, yi), fontsize=6)
-        offered = [r["offered_rps"] for r in pts]
-        ax2.plot(offered, x, "o-", color=color, label=scheme)
-    ax.set(xlabel="achieved ok calls/s", ylabel="latency (ms)", yscale="log")
-    ax.set_title("Latency vs throughput")
+                err = f"{100 * r['failed'] / max(r['requests'], 1):.0f}% failed"
+                y99 = _ms(r["latency_seconds"]["p99"])
+                ax.annotate(
+                    err, (x[i], y99), xytext=(4, -10), textcoords="offset points", fontsize=6, color=color
+                )
+        ax2.plot([r["offered_rps"] for r in pts], x, "o-", color=color)
+    handles = [Line2D([], [], color=c, lw=2, label=s) for s, c in colors.items()]
+    handles += [
+        Line2D([], [], color="grey", ls="-", marker="o", label="p99"),
+        Line2D([], [], color="grey", ls="--", marker="s", alpha=0.5, label="p50"),
+        Line2D([], [], color="grey", ls="", marker="o", mfc="none", label="saturated"),
+    ]
+    ax.legend(handles=handles, fontsize=7)
+    ax.set(xlabel="achieved ok calls/s", ylabel="latency (ms)", yscale="log", title="Latency vs throughput")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
     top = max([r["offered_rps"] or 0 for r in runs] + [1])
     ax2.plot([0, top], [0, top], color="grey", lw=0.6, ls=":")
-    ax2.set(xlabel="offered calls/s", ylabel="achieved ok calls/s")
-    ax2.set_title("Achieved vs offered")
+    ax2.set(xlabel="offered calls/s", ylabel="achieved ok calls/s", title="Achieved vs offered")
     ax2.grid(True, alpha=0.3)
     _save(fig, path)
 
@@ -109,6 +153,12 @@ def _ms(v: float | None) -> float:
 
 
 def _save(fig: plt.Figure, path: Path) -> None:
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            if axis.get_scale() == "log":
+                axis.set_major_formatter(plain)
+                axis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:g}"[0] in "25" else ""))
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)
     plt.close(fig)

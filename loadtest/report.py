@@ -35,12 +35,16 @@ def write(out: Path, report: dict, runs: Sequence[tuple[str, Arrays]], samples: 
 
 
 def render_plots(out: Path, report: dict, runs: Sequence[tuple[str, Arrays]]) -> list[str]:
+    """Over calls scheduled after the warm-up, like the stats; a sweep's runs grouped by scheme."""
     from . import plots
 
+    warmup = report["config"].get("warmup_s") or 0.0
+    group = {r["label"]: r["scheme"] if report.get("sweep") else r["label"] for r in report["runs"]}
+    series = [(label, group.get(label, label), a.where(a.sched >= warmup)) for label, a in runs]
     written = []
-    if runs:
-        plots.latency_over_time(runs, out / PLOTS["latency_over_time"])
-        plots.latency_cdf(runs, out / PLOTS["latency_cdf"])
+    if series:
+        plots.latency_over_time(series, out / PLOTS["latency_over_time"])
+        plots.latency_cdf(series, out / PLOTS["latency_cdf"])
         written += [PLOTS["latency_over_time"], PLOTS["latency_cdf"]]
     if report.get("sweep"):
         plots.latency_throughput(report["runs"], out / PLOTS["latency_throughput"])
@@ -187,7 +191,8 @@ def _run_md(run: dict, heading: bool) -> list[str]:
 
 
 def _server_md(rec: dict) -> list[str]:
-    verdict = "match" if rec["matched"] else "**do not match**"
+    verdict = rec.get("verdict", "match" if rec["matched"] else "do not match")
+    verdict = verdict if rec["matched"] or verdict != "do not match" else "**do not match**"
     lines = [
         f"Server `/metrics` (change over the run, every call, warm-up included): client and server counts "
         f"{verdict}.",
@@ -286,10 +291,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot:
         from . import plots
 
-        runs = []
+        series = []
         for name, d in zip(names, (args.a, args.b), strict=True):
-            runs += [(f"{name}: {label}", a) for label, a in read_samples(d / "samples.csv")]
-        plots.latency_cdf(runs, args.plot)
+            series += [(f"{name}: {label}", label, a) for label, a in read_samples(d / "samples.csv")]
+        plots.latency_cdf(series, args.plot)
     return 0
 
 

@@ -177,7 +177,8 @@ def _print_line(r: dict) -> None:
     sat = "SATURATED: " + "; ".join(r["saturation"]["reasons"]) if r["saturation"]["saturated"] else "ok"
     server = ""
     if "server" in r:
-        server = "  /metrics " + ("match" if r["server"]["matched"] else "DO NOT MATCH")
+        verdict = r["server"]["verdict"]
+        server = "  /metrics " + (verdict if verdict != "do not match" else "DO NOT MATCH")
     print(
         f"{r['label']}: {r['achieved_rps']:.1f} ok calls/s, {r['achieved_docs_per_s']:.0f} docs/s, "
         f"p99 {p99}, failed {r['failed']}{server}  [{sat}]",
