@@ -87,7 +87,8 @@ def _guarded(
             code = grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
             raise
         except grpc.aio.AbortError:
-            code = context.code() or grpc.StatusCode.UNKNOWN
+            aborted_with = context.code()
+            code = aborted_with if isinstance(aborted_with, grpc.StatusCode) else grpc.StatusCode.UNKNOWN
             raise
         except Exception as exc:
             code, message, extra_md = status_for(exc)
