@@ -85,5 +85,6 @@ def test_prometheus_scrapes_per_scheme_latency_and_dashboard_queries_are_valid(s
         time.sleep(1.5)
         p50 = query(prometheus, p50_expr)["data"]["result"]
     assert {r["metric"]["scheme"] for r in p50} >= set(SCHEMES)
-    for r in p50:
-        assert 0 < float(r["value"][1]) < 30
+    for r in p50:  # the shared server also holds idle series of other tests' schemes: NaN there
+        if r["metric"]["scheme"] in SCHEMES:
+            assert 0 < float(r["value"][1]) < 30
