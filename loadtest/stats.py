@@ -76,8 +76,8 @@ def summarize(s: Samples, cfg: DriveConfig, warmup_s: float = 0.0) -> dict:
     """Stats over calls scheduled after ``warmup_s``; ``client_totals`` counts every call (for /metrics)."""
     everything = Arrays.of(s)
     a = everything.where(everything.sched >= warmup_s)
-    window = completion_span(a)
     span = max(cfg.duration_s - warmup_s, 1e-9)
+    window = max(completion_span(a), span)
     out: dict = {"mode": "open" if cfg.rate > 0 else "closed", "window_s": window, "wall_s": s.wall_s}
     if cfg.rate > 0:
         out["offered_rps"] = cfg.rate
@@ -107,8 +107,12 @@ def summarize(s: Samples, cfg: DriveConfig, warmup_s: float = 0.0) -> dict:
 
 
 def completion_span(a: Arrays) -> float:
-    """Seconds from the first ok completion to the last: arrivals shifted by latency when the server keeps
-    up, the server's pace when it does not; either way free of the drain at the end of a run."""
+    """Seconds from the first ok completion to the last (per gap between them).
+
+    The rate's window is the longer of this and the run's schedule: the schedule while the server
+    keeps up (completions are then the arrivals shifted by their latency), the completions when
+    they trail past the end because the server fell behind, at the server's own pace.
+    """
     done = (a.sched + a.latency)[a.ok]
     if len(done) < 2:
         return 0.0
