@@ -19,7 +19,7 @@ from .attention.kvpool import KVPool
 from .models.decoder import DecoderLM
 from .planning import Plan, article_choice, check_plan, combine, planner
 from .planning.split import split_to_budget
-from .request import Limits, ScoreRequest, Tokenized, tokenize
+from .request import InvalidInput, Limits, ScoreRequest, Tokenized, tokenize
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,18 @@ class Engine:
         self.stats: Counter = Counter()
 
     def tokenize(self, req: ScoreRequest) -> Tokenized:
-        return tokenize(req, self.tokenizer, self.limits)
+        t = tokenize(req, self.tokenizer, self.limits)
+        if self.resolve_scheme(t) == "custom_mask":
+            shape, budget, cap = t.shape, self.config.max_tokens_per_pass, self.config.max_custom_mask_tokens
+            largest = shape.num_tokens
+            if budget and largest > budget:
+                largest = max(budget, shape.prefix_len + max(shape.item_lens))
+            if largest > cap:
+                raise InvalidInput(
+                    "options.scheme",
+                    f"custom_mask over {largest} tokens exceeds its cap of {cap}; use multi_item",
+                )
+        return t
 
     def resolve_scheme(self, t: Tokenized) -> str:
         """The concrete scheme for a request ("auto" resolved on its shape)."""

@@ -210,3 +210,12 @@ def test_truncate_doc_end_cuts_and_reports(engine):
     assert t.truncated == (3,) and len(t.prefix_ids) + len(t.items[0]) == 40
     result = engine.score(_req(docs=("x" * 600,), truncate="doc_end"))
     assert result.results[0].truncated_tokens == 600 - 512
+
+
+def test_custom_mask_over_its_cap_is_refused_naming_the_scheme(tmp_path, monkeypatch):
+    monkeypatch.setenv("SCORER_CACHE_DIR", str(tmp_path))
+    small = build_engine(attention_backend="torch", config=EngineConfig(max_custom_mask_tokens=64))
+    with pytest.raises(InvalidInput, match="cap of 64") as err:
+        small.tokenize(ids_request([1] * 40, [[2] * 30], "custom_mask"))
+    assert err.value.field == "options.scheme"
+    assert small.tokenize(ids_request([1] * 40, [[2] * 24], "custom_mask")).shape.num_tokens == 64
