@@ -2,6 +2,7 @@
 
 python -m loadtest.report compare reportA/ reportB/ [--out compare.md] [--plot cdf.png]
 python -m loadtest.report render report/      (rewrite report.md and the plots from report.json + samples)
+python -m loadtest.report render report/ --recompute [--warmup S]   (the stats too, from samples.csv)
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .stats import Arrays
+from .driver import DriveConfig
+from .stats import Arrays, capacity, summarize_arrays
 
 SAMPLE_FIELDS = ("run", "sched", "lag", "latency", "code", "scheme", "ran", "docs")
 PLOTS = {
@@ -205,6 +207,43 @@ def _server_md(rec: dict) -> list[str]:
     return lines
 
 
+def recompute(report: dict, runs: Sequence[tuple[str, Arrays]], warmup_s: float | None = None) -> dict:
+    """The stats of every run again from its samples (this version's code, or another warm-up);
+    the /metrics reconciliation is kept as it was measured."""
+    cfg = report["config"]
+    if warmup_s is not None:
+        cfg["warmup_s"] = warmup_s
+    samples = dict(runs)
+    fresh = []
+    for run in report["runs"]:
+        drive = DriveConfig(
+            target=cfg["target"],
+            duration_s=cfg["duration_s"],
+            rate=run["offered_rps"] or 0.0,
+            concurrency=run.get("concurrency") or 0,
+        )
+        summary = summarize_arrays(
+            samples[run["label"]],
+            drive,
+            cfg.get("warmup_s") or 0.0,
+            run["wall_s"],
+            run["error_examples"],
+            run["generator"]["unfinished"],
+        )
+        keep = {k: run[k] for k in ("label", "scheme", "server") if k in run}
+        fresh.append({**keep, **summary})
+    top = {
+        k: v for k, v in report.items() if k in ("loadtest_version", "created", "config", "workload", "sweep")
+    }
+    top["runs"] = fresh
+    if top.get("sweep"):
+        slo = cfg.get("slo_p99_ms")
+        top["capacity"] = capacity(fresh, slo / 1000 if slo else None)
+    else:
+        top.update({k: v for k, v in fresh[0].items() if k not in ("label", "timeline")})
+    return top
+
+
 def load(path: Path) -> dict:
     return json.loads((path / "report.json" if path.is_dir() else path).read_text())
 
@@ -275,11 +314,19 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--plot", type=Path, help="write a CDF of both runs' latencies here (needs samples.csv)")
     r = sub.add_parser("render", help="rewrite report.md and the plots of a report directory")
     r.add_argument("dir", type=Path)
+    r.add_argument("--recompute", action="store_true", help="recompute the stats from samples.csv")
+    r.add_argument("--warmup", type=float, help="with --recompute: leave this many seconds out instead")
     args = p.parse_args(argv)
     if args.command == "render":
         report = load(args.dir)
-        samples = args.dir / "samples.csv"
-        report["plots"] = render_plots(args.dir, report, read_samples(samples) if samples.exists() else [])
+        path = args.dir / "samples.csv"
+        samples = read_samples(path) if path.exists() else []
+        if args.recompute:
+            if not samples:
+                p.error(f"--recompute needs {path}")
+            report = recompute(report, samples, args.warmup)
+        report["plots"] = render_plots(args.dir, report, samples)
+        (args.dir / "report.json").write_text(json.dumps(report, indent=1, default=_jsonable) + "\n")
         (args.dir / "report.md").write_text(markdown(report))
         print(f"rendered {args.dir}/report.md and {len(report['plots'])} plots", file=sys.stderr)
         return 0

@@ -22,7 +22,7 @@ from . import SCHEMES, report
 from . import metrics as m
 from .driver import MAX_DURATION_S, Call, DriveConfig, compile_calls, drive
 from .gen import read_jsonl
-from .stats import Arrays, summarize
+from .stats import Arrays, capacity, summarize
 
 
 def run_one(
@@ -36,26 +36,6 @@ def run_one(
         after = m.scrape_settled(metrics_url, totals["requests"], before)
         summary["server"] = m.reconcile(totals, after)
     return summary, Arrays.of(samples)
-
-
-def capacity(runs: list[dict], slo_p99_s: float | None) -> dict:
-    """Per scheme: the run with the highest achieved rate that was not saturated (and met the p99 SLO)."""
-    out = {}
-    for scheme in sorted({r["scheme"] for r in runs}):
-        good = [
-            r
-            for r in runs
-            if r["scheme"] == scheme
-            and not r["saturation"]["saturated"]
-            and (slo_p99_s is None or (r["latency_seconds"]["p99"] or 1e9) <= slo_p99_s)
-        ]
-        best = max(good, key=lambda r: r["achieved_rps"], default=None)
-        out[scheme] = {
-            "achieved_rps": best["achieved_rps"] if best else None,
-            "achieved_docs_per_s": best["achieved_docs_per_s"] if best else None,
-            "offered_rps": best["offered_rps"] if best else None,
-        }
-    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -153,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             "channels": args.channels,
             "max_in_flight": args.max_in_flight,
             "seed": args.seed,
+            "slo_p99_ms": args.slo_p99_ms,
         },
         "workload": {
             "requests": len(requests),

@@ -74,11 +74,21 @@ def counts(a: Arrays, window_s: float) -> dict:
 
 def summarize(s: Samples, cfg: DriveConfig, warmup_s: float = 0.0) -> dict:
     """Stats over calls scheduled after ``warmup_s``; ``client_totals`` counts every call (for /metrics)."""
-    everything = Arrays.of(s)
+    return summarize_arrays(Arrays.of(s), cfg, warmup_s, s.wall_s, s.error_examples, s.unfinished)
+
+
+def summarize_arrays(
+    everything: Arrays,
+    cfg: DriveConfig,
+    warmup_s: float,
+    wall_s: float,
+    error_examples: dict[str, str],
+    unfinished: int = 0,
+) -> dict:
     a = everything.where(everything.sched >= warmup_s)
     span = max(cfg.duration_s - warmup_s, 1e-9)
     window = max(completion_span(a), span)
-    out: dict = {"mode": "open" if cfg.rate > 0 else "closed", "window_s": window, "wall_s": s.wall_s}
+    out: dict = {"mode": "open" if cfg.rate > 0 else "closed", "window_s": window, "wall_s": wall_s}
     if cfg.rate > 0:
         out["offered_rps"] = cfg.rate
         out["offered_docs_per_s"] = cfg.rate * float(a.docs.mean()) if len(a.docs) else 0.0
@@ -87,14 +97,14 @@ def summarize(s: Samples, cfg: DriveConfig, warmup_s: float = 0.0) -> dict:
         out["offered_rps"] = out["offered_docs_per_s"] = None
     out["scheduled_rps"] = len(a.latency) / span
     out.update(counts(a, window))
-    out["error_examples"] = s.error_examples
+    out["error_examples"] = error_examples
     out["per_scheme"] = {}
     for scheme in sorted(set(a.scheme.tolist())):
         sub = a.where(a.scheme == scheme)
         entry = counts(sub, window)
         entry["ran"] = dict(Counter(x for x in sub.ran.tolist() if x))
         out["per_scheme"][scheme] = entry
-    out["generator"] = generator_stats(a, s.unfinished)
+    out["generator"] = generator_stats(a, unfinished)
     out["saturation"] = saturation(out, a)
     out["timeline"] = timeline(a)
     out["client_totals"] = {
@@ -175,4 +185,24 @@ def timeline(a: Arrays, step_s: float = 1.0) -> list[dict]:
                 "p99": float(np.percentile(lat, 99)) if len(lat) else None,
             }
         )
+    return out
+
+
+def capacity(runs: list[dict], slo_p99_s: float | None) -> dict:
+    """Per scheme: the run with the highest achieved rate that was not saturated (and met the p99 SLO)."""
+    out = {}
+    for scheme in sorted({r["scheme"] for r in runs}):
+        good = [
+            r
+            for r in runs
+            if r["scheme"] == scheme
+            and not r["saturation"]["saturated"]
+            and (slo_p99_s is None or (r["latency_seconds"]["p99"] or 1e9) <= slo_p99_s)
+        ]
+        best = max(good, key=lambda r: r["achieved_rps"], default=None)
+        out[scheme] = {
+            "achieved_rps": best["achieved_rps"] if best else None,
+            "achieved_docs_per_s": best["achieved_docs_per_s"] if best else None,
+            "offered_rps": best["offered_rps"] if best else None,
+        }
     return out

@@ -242,6 +242,11 @@ def test_sweep_per_scheme_and_compare(stub: tuple[str, str], tmp_path: Path) -> 
     assert "naive @ 50/s" in text and "+0.0%" in text
     assert report.main(["compare", str(out), str(out), "--plot", str(tmp_path / "cdf.png")]) == 0
     assert (tmp_path / "cdf.png").read_bytes()[:8] == PNG
+    assert report.main(["render", str(out), "--recompute", "--warmup", "0.5"]) == 0
+    again = _report(out)
+    assert again["config"]["warmup_s"] == 0.5 and len(again["runs"]) == 4
+    for before, after in zip(rep["runs"], again["runs"], strict=True):
+        assert after["server"] == before["server"] and after["requests"] < before["requests"]
 
 
 def test_overload_of_a_small_stub_is_reported(tmp_path: Path) -> None:
