@@ -5,14 +5,6 @@
 no-model server for measuring the generator itself (``python -m loadtest.capacity``).
 """
 
-SCHEMES: tuple[str, ...] = (
-    "auto",
-    "naive",
-    "split_cache",
-    "ragged",
-    "cascade",
-    "multi_item",
-    "custom_mask",
-    "grouped",
-)
-"""The scheme names ScoreOptions.scheme accepts (kept here so loadtest never imports torch)."""
+from scorer.schemes import SCHEMES  # torch-free
+
+__all__ = ["SCHEMES"]

@@ -8,6 +8,7 @@ from functools import partial
 
 import torch
 
+from ..schemes import CONCRETE, SCHEMES
 from .auto import article_choice
 from .base import ItemLoc, Pass, Plan, PlanError, Shape, check_plan
 from .schemes import cascade, custom_mask, grouped, multi_item, naive, ragged, split_cache
@@ -23,7 +24,7 @@ PLANNERS: dict[str, Callable[..., Plan]] = {
     "custom_mask": custom_mask,
     "grouped": grouped,
 }
-SCHEMES: tuple[str, ...] = (*PLANNERS, "auto")
+assert tuple(PLANNERS) == CONCRETE
 
 __all__ = [
     "PLANNERS",

@@ -1,0 +1,12 @@
+"""Scheme names, importable without torch (the load-test tool uses them too)."""
+
+CONCRETE: tuple[str, ...] = (
+    "naive",
+    "split_cache",
+    "ragged",
+    "cascade",
+    "multi_item",
+    "custom_mask",
+    "grouped",
+)
+SCHEMES: tuple[str, ...] = ("auto", *CONCRETE)
