@@ -116,7 +116,8 @@ class FlashInferBackend:
         import flashinfer  # noqa: F401  (optional dependency; fails here, not in the layer loop)
 
         self.kernels = default_kernel(spec.device) if kernels == "auto" else kernels
-        self._workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=spec.device)
+        with torch.inference_mode(False):
+            self._workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=spec.device)
         self._wrappers: list[dict[tuple[int, str], object]] = [{} for _ in range(RING)]
         self._ring_events: list[torch.cuda.Event | None] = [None] * RING
         self._slot = 0
@@ -172,7 +173,9 @@ class FlashInferBackend:
         key = (index, kernel)
         w = self._wrappers[slot].get(key)
         if w is None:
-            w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, "NHD", backend=kernel)
+            # plan() updates the wrapper's buffers in place: they must not be inference tensors
+            with torch.inference_mode(False):
+                w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, "NHD", backend=kernel)
             self._wrappers[slot][key] = w
         return w
 

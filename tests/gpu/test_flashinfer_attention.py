@@ -218,14 +218,15 @@ def test_planner_mask_equals_flashinfers_own_packing_in_plan():
     """FlashInfer packs a boolean ``custom_mask`` itself inside ``plan``; the planner's bytes and
     byte offsets must be the same."""
     shapes = [Shape(13, (3, 9, 1)), Shape(70, (20, 5))]
-    plan = combine([make_plan("custom_mask", [s]) for s in shapes])
+    plan = make_plan("custom_mask", shapes)
     (c,) = plan.passes[0].calls
     flat = torch.cat([multi_item_mask(s.prefix_len, s.item_lens).flatten() for s in shapes])
     ws = torch.empty(16 << 20, dtype=torch.uint8, device=DEV)
     w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend="fa2")
     n = c.num_requests
-    w.plan(c.qo_indptr, c.kv_indptr, c.kv_indices, torch.ones(n, dtype=torch.int32), 8, 2, 128, 1,
-           custom_mask=flat.to(DEV), q_data_type=torch.bfloat16)  # fmt: skip
+    ones = torch.ones(n, dtype=torch.int32)
+    meta = [t.to(DEV) for t in (c.qo_indptr, c.kv_indptr, c.kv_indices, ones)]  # packing runs on the GPU
+    w.plan(*meta, 8, 2, 128, 1, custom_mask=flat.to(DEV), q_data_type=torch.bfloat16)
     assert torch.equal(w._custom_mask_buf.cpu(), c.custom_mask.packed)
     assert w._mask_indptr_buf.cpu().tolist() == c.custom_mask.indptr.tolist()
 

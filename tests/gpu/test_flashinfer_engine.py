@@ -92,8 +92,10 @@ def test_mixed_scheme_batch_matches_single_scheme_scores(gpu_engine, gpu_scores)
         assert max(abs(d.score - e) for d, e in zip(r.results, expected, strict=True)) < TOL
 
 
+@torch.inference_mode()
 def _layer_loop(engine, plan, ids, positions, logicals) -> torch.Tensor:
-    """The engine's forward with the plan's row maps already on the device."""
+    """The engine's forward (in inference mode, as the engine runs it) with the plan's row maps
+    already on the device."""
     mc, dtype = engine.model.config, next(engine.model.parameters()).dtype
     pool = KVPool(plan, mc.num_layers, mc.num_kv_heads, mc.head_dim, dtype, engine.device)
     hidden = None
@@ -131,10 +133,12 @@ def test_engine_forward_runs_without_host_sync(gpu_engine):
     batch = [gpu_engine.tokenize(q) for q in requests("cascade", seed=6, n=2)]
     plan, order, _ = gpu_engine.plan(batch)
     ids, positions = logical_tokens([batch[i] for i in order], gpu_engine.device)
-    gpu_engine.forward(plan, ids, positions)
+    with torch.inference_mode():
+        gpu_engine.forward(plan, ids, positions)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        gpu_engine.forward(plan, ids, positions)
+        with torch.inference_mode():
+            gpu_engine.forward(plan, ids, positions)
     finally:
         torch.cuda.set_sync_debug_mode(0)
