@@ -1,0 +1,223 @@
+"""Model-level benchmark: one scoring forward per scheme on a Qwen3-0.6B-shaped random bf16 model.
+
+A scheme changes both the attention kernels and the number of tokens through the GEMMs (naive
+recomputes the prompt for every doc), so the cost model is fitted to these times, not to the
+kernel table. ``forward_ms`` is the wall time of ``Engine.forward`` (backend ``plan()`` of every
+pass, 28 layers, the score rows), synchronised before and after; the Python planner is timed
+apart (``planner_ms``). The shapes are fixed here, before any fit: ``TRAIN`` for fitting,
+``HELDOUT`` (the article's eight cells and thirteen off-grid ones) only for evaluation.
+
+    python -m bench.e2e --out out/
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from scorer.attention.base import HeadSpec
+from scorer.attention.flashinfer import FlashInferBackend
+from scorer.config import ModelConfig
+from scorer.engine import Engine, EngineConfig
+from scorer.models.decoder import DecoderLM
+from scorer.planning import Shape, check_plan, planner
+
+from .timing import environment, time_host, write_json
+
+QWEN3_06B: dict = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "vocab_size": 151936,
+    "hidden_size": 1024,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+    "tie_word_embeddings": True,
+    "attention_bias": False,
+}
+TRAIN = [(p, s, m) for p in (32, 256, 2048, 8192) for s in (4, 32, 256) for m in (1, 8, 64, 256)]
+HELDOUT = [(p, s, m) for p in (96, 8196) for s in (4, 256) for m in (2, 32)] + [
+    (64, 12, 3),
+    (64, 100, 40),
+    (150, 500, 24),
+    (500, 10, 100),
+    (500, 60, 12),
+    (700, 200, 2),
+    (1200, 24, 160),
+    (1500, 300, 100),
+    (3000, 16, 20),
+    (3000, 120, 6),
+    (5000, 8, 48),
+    (12000, 6, 200),
+    (12000, 40, 30),
+]
+SMOKE = [(96, 4, 2), (300, 20, 9)]
+SCHEMES = ("naive", "split_cache", "ragged", "cascade", "multi_item", "custom_mask")
+GROUP_SIZES = (4, 16, 64)
+MAX_MASK_TOKENS = 8_448
+NAIVE_DOMINATED = (3.0, 32_768)  # naive rows over the others' rows, and absolute rows
+
+
+def variants(m: int) -> list[tuple[str, int]]:
+    return [(s, 0) for s in SCHEMES] + [("grouped", g) for g in GROUP_SIZES if g < m]
+
+
+def label(scheme: str, group: int) -> str:
+    return f"grouped:{group}" if scheme == "grouped" else scheme
+
+
+def skip_reason(scheme: str, shape: Shape) -> str | None:
+    p, m, s = shape.prefix_len, len(shape.item_lens), shape.item_lens[0]
+    naive_rows, rows = m * (p + s), shape.num_tokens
+    if scheme == "naive" and naive_rows > NAIVE_DOMINATED[0] * rows and naive_rows > NAIVE_DOMINATED[1]:
+        return f"dominated: naive computes {naive_rows} rows against {rows}"
+    if scheme == "custom_mask" and rows > MAX_MASK_TOKENS:
+        return f"explicit mask over {rows} tokens (cap {MAX_MASK_TOKENS})"
+    return None
+
+
+def build_model(device: torch.device, layers: int) -> DecoderLM:
+    config = ModelConfig.from_hf({**QWEN3_06B, "num_hidden_layers": layers})
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = DecoderLM(config)
+    for name, p in model.named_parameters():
+        if not name.endswith("norm.weight"):
+            torch.nn.init.normal_(p, std=0.02)
+    return model.to(torch.bfloat16).eval().requires_grad_(False)
+
+
+def shape_inputs(shape: Shape, vocab: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random token ids and the positions of the logical token space (prefix, then each item)."""
+    g = torch.Generator().manual_seed(shape.num_tokens)
+    ids = torch.randint(0, vocab, (shape.num_tokens,), generator=g)
+    pos = [torch.arange(shape.prefix_len)] + [
+        torch.arange(shape.prefix_len, shape.prefix_len + n) for n in shape.item_lens
+    ]
+    return ids.to(device), torch.cat(pos).to(device)
+
+
+def _no_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return q
+
+
+def gemm_curve(model: DecoderLM, device: torch.device, counts: tuple[int, ...]) -> dict[int, float]:
+    """Forward time with attention replaced by the identity: the GEMMs, norms, RoPE and launches."""
+    out = {}
+    for n in counts:
+        ids = torch.randint(0, model.config.vocab_size, (n,), device=device)
+        pos = torch.arange(n, device=device)
+        with torch.inference_mode():
+            model.forward_hidden(ids, pos, _no_attention)
+            out[n] = time_host(lambda ids=ids, pos=pos: model.forward_hidden(ids, pos, _no_attention), device)
+    return out
+
+
+def measure_cell(engine: Engine, shape: Shape, ids, pos, repeats: int) -> dict[str, dict]:
+    """Every variant of one shape, timed round-robin so that drift (clocks, host load) hits all
+    variants alike; ``forward_ms`` is the median of ``repeats`` rounds (2 for forwards over 0.3 s),
+    with the garbage collector paused."""
+    out: dict[str, dict] = {}
+    runs = {}
+    for scheme, group in variants(len(shape.item_lens)):
+        name = label(scheme, group)
+        why = skip_reason(scheme, shape)
+        if why:
+            out[name] = {"skipped": why}
+            continue
+        try:
+            t0 = time.perf_counter()
+            plan = planner(scheme, group or 8)([shape])
+            check_plan(plan, 1 << 30)
+            planner_ms = (time.perf_counter() - t0) * 1e3
+            with torch.inference_mode():
+                engine.forward(plan, ids, pos)
+                first = time_host(lambda plan=plan: engine.forward(plan, ids, pos), engine.device, iters=1)
+            runs[name] = (plan, [first])
+            out[name] = {"planner_ms": planner_ms, "rows": plan.num_slots, "passes": len(plan.passes)}
+            out[name]["calls"] = plan.num_attention_calls
+        except Exception as e:  # noqa: BLE001  (recorded; the run goes on)
+            out[name] = {"error": f"{type(e).__name__}: {e}"[:400]}
+            torch.cuda.empty_cache()
+    rounds = repeats if max((t[0] for _, t in runs.values()), default=0) < 300 else 2
+    gc.collect()
+    gc.disable()
+    try:
+        with torch.inference_mode():
+            for r in range(rounds - 1):
+                names = list(runs)
+                for name in names[r % len(names) :] + names[: r % len(names)]:
+                    plan, times = runs[name]
+                    fwd = partial(engine.forward, plan, ids, pos)
+                    times.append(time_host(fwd, engine.device, iters=1))
+    finally:
+        gc.enable()
+    for name, (_, times) in runs.items():
+        out[name].update(forward_ms=statistics.median(times), runs_ms=[round(t, 3) for t in times])
+    return out
+
+
+Cell = tuple[str, tuple[int, int, int]]
+
+
+def run(
+    cells: list[Cell], layers: int, out: Path, deadline: float, device: torch.device, repeats: int = 5
+) -> dict:
+    model = build_model(device, layers)
+    mc = model.config
+    backend = FlashInferBackend(HeadSpec(mc.num_heads, mc.num_kv_heads, mc.head_dim, torch.bfloat16, device))
+    engine = Engine(model, None, backend, EngineConfig(max_custom_mask_tokens=1 << 30))
+    result = {"env": environment(device), "model": {**QWEN3_06B, "num_hidden_layers": layers}}
+    result["kernels"] = getattr(backend, "kernels", backend.name)
+    result["timing"] = "wall ms of Engine.forward, synchronised before and after; median of round-robin runs"
+    result["gemm_curve"] = gemm_curve(model, device, (16, 64, 256, 1024, 4096, 16384, 65536))
+    print("gemm curve", result["gemm_curve"], flush=True)
+    result["cells"] = []
+    for split, (p, s, m) in cells:
+        cell = {"split": split, "P": p, "S": s, "M": m, "results": {}}
+        result["cells"].append(cell)
+        if time.monotonic() > deadline:
+            cell["skipped"] = "time budget of the run"
+            continue
+        shape = Shape(p, (s,) * m)
+        ids, pos = shape_inputs(shape, mc.vocab_size, device)
+        cell["results"] = measure_cell(engine, shape, ids, pos, repeats)
+        timed = [(r["forward_ms"], k) for k, r in cell["results"].items() if "forward_ms" in r]
+        print(f"{split} P={p} S={s} M={m}: best {min(timed, default=None)}", flush=True)
+        write_json(out / "e2e.json", result)
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--smoke", action="store_true", help="2 layers, 2 shapes")
+    ap.add_argument("--split", choices=("all", "train", "heldout"), default="all")
+    ap.add_argument("--budget", type=float, default=1e9, help="seconds; later cells are skipped")
+    ap.add_argument("--out", type=Path, default=Path("out"))
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--repeats", type=int, default=5)
+    a = ap.parse_args(argv)
+    if a.smoke:
+        cells = [("smoke", c) for c in SMOKE]
+    else:
+        cells = [("heldout", c) for c in HELDOUT if a.split in ("all", "heldout")]
+        cells += [("train", c) for c in TRAIN if a.split in ("all", "train")]
+    layers = 2 if a.smoke else QWEN3_06B["num_hidden_layers"]
+    run(cells, layers, a.out, time.monotonic() + a.budget, torch.device(a.device), a.repeats)
+
+
+if __name__ == "__main__":
+    main()
