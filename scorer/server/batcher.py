@@ -5,6 +5,13 @@ or when the oldest queued call has waited ``max_wait_s``; it runs on one worker 
 event loop keeps answering health checks and accepting calls while the model computes. A call
 whose deadline passed or that was cancelled while queued is dropped without compute. A batch that
 fails (out of memory above all) is retried one call at a time, so only the failing call fails.
+
+Under overload, work spent on a call that will miss its deadline anyway is what makes goodput
+collapse. The batcher keeps a model of forward time (a fixed cost plus a cost per token, fitted
+on recent batches; see ForwardTimeModel); it refuses at once a
+call that the queue ahead of it would push past its deadline, and when it cuts a batch it drops a
+call that could not finish in time even alone ("unreachable") and stops adding
+calls once one more would push a call already in the batch past its deadline.
 """
 
 from __future__ import annotations
@@ -34,7 +41,8 @@ class QueueFull(Exception):
 
 
 class Dropped(Exception):
-    """The call left the queue before its forward pass: ``reason`` is "deadline" or "cancelled"."""
+    """The call left the queue before its forward pass: ``reason`` is "deadline" (passed),
+    "unreachable" (its forward could not end before it) or "cancelled"."""
 
     def __init__(self, reason: str) -> None:
         self.reason = reason
@@ -78,6 +86,33 @@ class _Job:
         return self.deadline is not None and now >= self.deadline
 
 
+class ForwardTimeModel:
+    """Forward seconds as ``a + b * tokens``, least squares over the last batches.
+
+    While recent batches barely differ in size, the whole time counts as the fixed cost ``a``:
+    that under-predicts a larger batch, so a call is never refused on an extrapolation.
+    """
+
+    def __init__(self, window: int = 64) -> None:
+        self._seen: deque[tuple[int, float]] = deque(maxlen=window)
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        self._seen.append((tokens, seconds))
+
+    def predict(self, tokens: int) -> float | None:
+        if len(self._seen) < 2:
+            return None
+        n = len(self._seen)
+        mean_t = sum(t for t, _ in self._seen) / n
+        mean_s = sum(s for _, s in self._seen) / n
+        var_t = sum((t - mean_t) ** 2 for t, _ in self._seen) / n
+        b = 0.0
+        if var_t > (0.1 * mean_t) ** 2:
+            b = max(0.0, sum((t - mean_t) * (s - mean_s) for t, s in self._seen) / n / var_t)
+        a = max(0.0, mean_s - b * mean_t)
+        return a + b * tokens
+
+
 class Batcher:
     def __init__(self, score: ScoreFn, count_tokens: Callable[[Tokenized], int], policy: BatchPolicy) -> None:
         self._score = score
@@ -88,6 +123,7 @@ class Batcher:
         self._closing = False
         self._task: asyncio.Task | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
+        self._forward_time = ForwardTimeModel()
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="batcher")
@@ -121,6 +157,9 @@ class Batcher:
         if job.expired(job.enqueued):
             self._count_drop(job, "deadline")
             raise Dropped("deadline")
+        if self._late(job, job.enqueued, sum(j.tokens for j in self._pending) + job.tokens):
+            metrics.REJECTED.inc()
+            raise QueueFull("at the current load the call would not finish before its deadline; retry later")
         job.future.add_done_callback(partial(self._on_done, job))
         self._pending.append(job)
         metrics.QUEUE_DEPTH.set(len(self._pending))
@@ -175,24 +214,45 @@ class Batcher:
                 return
 
     def _take(self) -> list[_Job]:
-        """The oldest calls that fit the token budget (at least one), less those already expired."""
-        batch, tokens, now = [], 0, time.monotonic()
+        """The oldest calls that fit the token budget (at least one) and can still meet their
+        deadlines by the forward-time estimate; calls that cannot are dropped."""
+        batch: list[_Job] = []
+        tokens, now = 0, time.monotonic()
+        first_deadline = float("inf")
         while self._pending:
             job = self._pending[0]
-            if batch and tokens + job.tokens > self.policy.max_batch_tokens:
-                break
+            reason = (
+                "deadline"
+                if job.expired(now)
+                else "unreachable"
+                if self._late(job, now, job.tokens)
+                else None
+            )
+            if reason is None and batch:
+                late = self._late(
+                    job, now, tokens + job.tokens, min(first_deadline, job.deadline or first_deadline)
+                )
+                if tokens + job.tokens > self.policy.max_batch_tokens or late:
+                    break
             self._pending.popleft()
             job.queued = False
-            if job.expired(now):
-                self._count_drop(job, "deadline")
-                job.future.set_exception(Dropped("deadline"))
+            if reason is not None:
+                self._count_drop(job, reason)
+                job.future.set_exception(Dropped(reason))
                 continue
             batch.append(job)
             tokens += job.tokens
+            first_deadline = min(first_deadline, job.deadline or first_deadline)
         metrics.QUEUE_DEPTH.set(len(self._pending))
         for job in batch:
             metrics.STAGE_DURATION.labels(stage="queue").observe(now - job.enqueued)
         return batch
+
+    def _late(self, job: _Job, now: float, tokens: int, deadline: float | None = None) -> bool:
+        """Would a forward of ``tokens`` tokens starting now end after ``deadline`` (the job's)?"""
+        deadline = job.deadline if deadline is None else deadline
+        predicted = self._forward_time.predict(tokens)
+        return predicted is not None and deadline is not None and now + predicted > deadline
 
     async def _forward(self, batch: list[_Job]) -> None:
         batch = [job for job in batch if not job.future.done()]
@@ -219,6 +279,7 @@ class Batcher:
                 await self._forward([job])
             return
         forward_s = time.monotonic() - started
+        self._forward_time.observe(sum(j.tokens for j in batch), forward_s)
         for job, result in zip(batch, results, strict=True):
             metrics.STAGE_DURATION.labels(stage="forward").observe(forward_s)
             _settle(job, Scored(result, started - job.enqueued, forward_s, len(batch)))

@@ -41,7 +41,7 @@ def status_for(exc: Exception) -> tuple[grpc.StatusCode, str, Metadata]:
     if isinstance(exc, QueueFull | OutOfMemory):
         return grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc) or type(exc).__name__, ()
     if isinstance(exc, Dropped):
-        code = grpc.StatusCode.DEADLINE_EXCEEDED if exc.reason == "deadline" else grpc.StatusCode.CANCELLED
+        code = grpc.StatusCode.CANCELLED if exc.reason == "cancelled" else grpc.StatusCode.DEADLINE_EXCEEDED
         return code, str(exc), ()
     if isinstance(exc, NotReady | Closed):
         return grpc.StatusCode.UNAVAILABLE, str(exc), ()

@@ -50,24 +50,52 @@ def start_blocking_batch(server: ServerProcess, stub, request_id: str) -> grpc.F
     return future
 
 
+def dropped_before_forward(server: ServerProcess) -> float:
+    return sum(server.metric("scorer_requests_dropped_total", reason=r) for r in ("deadline", "unreachable"))
+
+
 def test_a_call_whose_deadline_expires_in_the_queue_costs_no_forward_pass(slow_server):
+    """Admitted (alone it would finish in time) but queued behind a forward: when its turn comes
+    it can no longer finish, so it is dropped without compute."""
     stub = slow_server.stub()
     passes = slow_server.metric("scorer_forward_passes_total")
     stub.ScoreDocs(small("warm"), timeout=30)
     passes_per_call = slow_server.metric("scorer_forward_passes_total") - passes
-    dropped = slow_server.metric("scorer_requests_dropped_total", reason="deadline")
+    dropped = dropped_before_forward(slow_server)
 
     blocker = start_blocking_batch(slow_server, stub, "blocker")
     with pytest.raises(grpc.RpcError) as caught:
-        stub.ScoreDocs(small("too-late"), timeout=FORWARD_DELAY_S / 4)
+        stub.ScoreDocs(small("too-late"), timeout=FORWARD_DELAY_S * 1.5)
     assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     blocker.result()
 
-    now_dropped = slow_server.wait_metric("scorer_requests_dropped_total", dropped + 1, reason="deadline")
-    assert now_dropped == dropped + 1
+    deadline = time.monotonic() + 10
+    while dropped_before_forward(slow_server) < dropped + 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert dropped_before_forward(slow_server) == dropped + 1
     time.sleep(FORWARD_DELAY_S / 2)
     assert slow_server.metric("scorer_forward_passes_total") - passes == 2 * passes_per_call
     assert "request_id=too-late dropped from the queue before its forward pass" in slow_server.log()
+
+
+def test_a_call_that_cannot_meet_its_deadline_is_refused_at_once(slow_server):
+    """The forward-time estimate says the call cannot finish before its deadline: RESOURCE_EXHAUSTED
+    at once, so the client can go elsewhere, and no compute."""
+    stub = slow_server.stub()
+    for _ in range(2):  # the forward-time model needs two batches
+        stub.ScoreDocs(small("warm"), timeout=30)
+    rejected = slow_server.metric("scorer_requests_rejected_total")
+    passes = slow_server.metric("scorer_forward_passes_total")
+    blocker = start_blocking_batch(slow_server, stub, "blocker")
+    started = time.monotonic()
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.ScoreDocs(small("hopeless"), timeout=FORWARD_DELAY_S / 4)
+    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "deadline" in caught.value.details()
+    assert time.monotonic() - started < FORWARD_DELAY_S / 4
+    blocker.result()
+    assert slow_server.metric("scorer_requests_rejected_total") == rejected + 1
+    assert slow_server.metric("scorer_forward_passes_total") - passes == 1
 
 
 def test_a_call_cancelled_in_the_queue_is_dropped(slow_server):
