@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
 from .attention.base import AttentionBackend
 from .attention.kvpool import KVPool
 from .models.decoder import DecoderLM
-from .planning import Plan, article_choice, check_plan, combine, planner
+from .planning import Plan, Shape, article_choice, check_plan, combine, planner
 from .planning.split import split_to_budget
 from .request import InvalidInput, Limits, ScoreRequest, Tokenized, tokenize
+
+AUTO_POLICIES = ("default", "article", "calibrated")
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,7 @@ class EngineConfig:
     group_size: int = 8
     max_custom_mask_tokens: int = 32768
     max_tokens_per_pass: int = 0  # 0: no limit; a larger request is split, reusing its prompt's K/V
+    auto_policy: str = "default"  # "article", "calibrated", or "default": calibrated on FlashInfer
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,7 @@ class Engine:
             vocab_size=mc.vocab_size,
         )
         self.stats: Counter = Counter()
+        self._auto = lru_cache(maxsize=4096)(auto_policy(self.config.auto_policy, backend.name))
 
     def tokenize(self, req: ScoreRequest) -> Tokenized:
         t = tokenize(req, self.tokenizer, self.limits)
@@ -94,13 +99,18 @@ class Engine:
                 )
         return t
 
-    def resolve_scheme(self, t: Tokenized) -> str:
-        """The concrete scheme for a request ("auto" resolved on its shape)."""
+    def resolve(self, t: Tokenized) -> tuple[str, int]:
+        """The concrete scheme of a request ("auto" resolved on its shape) and its group size
+        (0 unless the scheme is ``grouped``)."""
         scheme = t.request.options.scheme or "auto"
-        return article_choice(t.shape) if scheme == "auto" else scheme
+        if scheme == "auto":
+            scheme, group = self._auto(t.shape)
+            if scheme == "grouped" and group:
+                return scheme, group
+        return scheme, (t.request.options.group_size or self.config.group_size) if scheme == "grouped" else 0
 
-    def group_size(self, t: Tokenized) -> int:
-        return t.request.options.group_size or self.config.group_size
+    def resolve_scheme(self, t: Tokenized) -> str:
+        return self.resolve(t)[0]
 
     def num_tokens(self, t: Tokenized, scheme: str | None = None) -> int:
         """Tokens the request puts through the model under its (concrete) scheme."""
@@ -115,19 +125,18 @@ class Engine:
     def plan(self, batch: Sequence[Tokenized]) -> tuple[Plan, list[int], list[str]]:
         """One plan for the batch: requests grouped by scheme; returns the plan, the request
         order inside it, and each request's concrete scheme."""
-        schemes = [self.resolve_scheme(t) for t in batch]
-        keys = [(s, self.group_size(t) if s == "grouped" else 0) for s, t in zip(schemes, batch, strict=True)]
+        keys = [self.resolve(t) for t in batch]
+        schemes = [scheme for scheme, _ in keys]
         budget = self.config.max_tokens_per_pass
         if len(batch) == 1 and budget and self.num_tokens(batch[0], schemes[0]) > budget:
             scheme, group = keys[0]
-            fn = planner(scheme, group or self.config.group_size)
-            plan = split_to_budget(fn, scheme, batch[0].shape, budget, group or self.config.group_size)
+            plan = split_to_budget(planner(scheme, group), scheme, batch[0].shape, budget, group)
             check_plan(plan, self.config.max_custom_mask_tokens)
             return plan, [0], schemes
         parts, order = [], []
         for key in dict.fromkeys(keys):
             members = [i for i, k in enumerate(keys) if k == key]
-            parts.append(planner(key[0], key[1] or self.config.group_size)([batch[i].shape for i in members]))
+            parts.append(planner(*key)([batch[i].shape for i in members]))
             order += members
         plan = combine(parts)
         check_plan(plan, self.config.max_custom_mask_tokens)
@@ -161,7 +170,7 @@ class Engine:
         out: dict[tuple[int, int], torch.Tensor] = {}
         for pi, p in enumerate(plan.passes):
             self.backend.plan(p)
-            logical = p.logical.to(self.device)
+            logical = p.logical.to(self.device, non_blocking=True)
 
             def attn(layer, q, k, v, p=p):
                 return self.backend.run(layer, q, *pool.write(layer, p, k, v))
@@ -205,6 +214,18 @@ class Engine:
         return ScoreResult(tuple(results), scheme, usage)
 
 
+def auto_policy(name: str, backend: str) -> Callable[[Shape], tuple[str, int]]:
+    """How ``auto`` picks: the GPU-calibrated cost model (FlashInfer on the H200) or the article's
+    section 5.3 guide (the torch backend, where the calibration does not apply)."""
+    if name not in AUTO_POLICIES:
+        raise ValueError(f"unknown auto policy {name!r}; expected one of {', '.join(AUTO_POLICIES)}")
+    if name == "calibrated" or (name == "default" and backend == "flashinfer"):
+        from .planning.cost_model import calibrated_choice
+
+        return calibrated_choice
+    return lambda shape: (article_choice(shape), 0)
+
+
 def logical_tokens(batch: Sequence[Tokenized], device) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids and positions of the batch's logical token space (see planning.base)."""
     ids, pos = [], []
@@ -218,8 +239,8 @@ def logical_tokens(batch: Sequence[Tokenized], device) -> tuple[torch.Tensor, to
     flat_ids = [x for chunk in ids for x in chunk]
     flat_pos = [x for chunk in pos for x in chunk]
     return (
-        torch.tensor(flat_ids, dtype=torch.long, device=device),
-        torch.tensor(flat_pos, dtype=torch.long, device=device),
+        torch.tensor(flat_ids, dtype=torch.long).to(device, non_blocking=True),
+        torch.tensor(flat_pos, dtype=torch.long).to(device, non_blocking=True),
     )
 
 

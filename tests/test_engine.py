@@ -219,3 +219,22 @@ def test_custom_mask_over_its_cap_is_refused_naming_the_scheme(tmp_path, monkeyp
         small.tokenize(ids_request([1] * 40, [[2] * 30], "custom_mask"))
     assert err.value.field == "options.scheme"
     assert small.tokenize(ids_request([1] * 40, [[2] * 24], "custom_mask")).shape.num_tokens == 64
+
+
+def test_auto_resolves_to_a_concrete_scheme_by_policy(engine):
+    from scorer.engine import auto_policy
+    from scorer.planning import Shape, article_choice
+    from scorer.schemes import CONCRETE
+
+    req = ids_request([1] * 30, [[2] * 5] * 3, "auto")
+    result = engine.score(req)
+    # on the torch backend auto follows the article's guide
+    assert result.scheme == article_choice(engine.tokenize(req).shape) == "naive"
+    calibrated = auto_policy("default", "flashinfer")
+    shapes = (Shape(8196, (4,) * 32), Shape(96, (256,) * 2), Shape(96, (4,) * 32), Shape(2000, (60,) * 100))
+    for shape in shapes:
+        scheme, group = calibrated(shape)
+        assert scheme in CONCRETE and (group > 0) == (scheme == "grouped")
+    assert calibrated(Shape(8196, (4,) * 32))[0] != "naive"
+    with pytest.raises(ValueError, match="unknown auto policy"):
+        auto_policy("fastest", "torch")

@@ -24,7 +24,7 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from .. import metrics
-from ..engine import Engine, EngineConfig
+from ..engine import AUTO_POLICIES, Engine, EngineConfig
 from ..runtime import build_engine
 from ..v1 import scorer_pb2, scorer_pb2_grpc
 from .batcher import BatchPolicy
@@ -52,6 +52,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-port", type=int, default=9464, help="Prometheus /metrics port; 0: off")
     parser.add_argument("--attention-backend", default="auto", help="auto, torch or flashinfer")
     parser.add_argument("--device", help="cuda or cpu (default: cuda when available)")
+    parser.add_argument(
+        "--auto-policy",
+        default=d.auto_policy,
+        choices=AUTO_POLICIES,
+        help="how scheme=auto picks: the H200-calibrated cost model, the article's guide, or "
+        "default (calibrated on FlashInfer, the article's guide on the torch backend)",
+    )
     parser.add_argument("--dtype", choices=sorted(DTYPES), help="default: bfloat16 on cuda, float32 on cpu")
     parser.add_argument(
         "--max-batch-tokens",
@@ -220,6 +227,7 @@ def _load_engine(args: argparse.Namespace) -> Engine:
         max_docs=args.max_docs,
         max_doc_tokens=args.max_doc_tokens,
         max_tokens_per_pass=args.max_batch_tokens,
+        auto_policy=args.auto_policy,
     )
     engine = build_engine(
         args.model, args.attention_backend, args.device, DTYPES.get(args.dtype or ""), config=config

@@ -125,10 +125,6 @@ def test_forward_runs_without_host_sync(gpu_engine, scheme):
     torch.cuda.synchronize()
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="Engine.forward moves each pass's row map and score rows with blocking host-to-device copies",
-)
 def test_engine_forward_runs_without_host_sync(gpu_engine):
     batch = [gpu_engine.tokenize(q) for q in requests("cascade", seed=6, n=2)]
     plan, order, _ = gpu_engine.plan(batch)
