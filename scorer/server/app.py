@@ -121,9 +121,16 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         return asyncio.run(serve(args))
+    except CannotListen as e:
+        log.error("cannot listen on %s", e)
+        return 2
     except Exception:
         log.exception("server failed")
         return 1
+
+
+class CannotListen(Exception):
+    """A port is taken (or not ours to bind)."""
 
 
 def configure_logging(level: str) -> None:
@@ -154,9 +161,17 @@ async def serve(args: argparse.Namespace) -> int:
     servicer = ScorerServicer()
     health = health_aio.HealthServicer()
     await _set_health(health, NOT_SERVING)
-    server, port = _grpc_server(args, servicer, health, inflight)
+    try:
+        metrics_http = metrics.serve_http(args.metrics_port, args.host) if args.metrics_port else None
+    except OSError as e:
+        raise CannotListen(f"metrics port {args.host}:{args.metrics_port}: {e.strerror}") from None
+    try:
+        server, port = _grpc_server(args, servicer, health, inflight)
+    except RuntimeError as e:
+        if metrics_http is not None:
+            metrics_http.shutdown()
+        raise CannotListen(f"gRPC port {args.host}:{args.port}: {e}") from None
     await server.start()
-    metrics_http = metrics.serve_http(args.metrics_port, args.host) if args.metrics_port else None
     log.info(
         "listening on %s:%d (%s); metrics on port %s",
         args.host,
