@@ -87,23 +87,26 @@ def ensure_tiny_model(cache_dir: str | Path | None = None) -> Path:
 
 
 def write_tiny_checkpoint(out_dir: Path) -> None:
-    (out_dir / "config.json").write_text(json.dumps(CONFIG, indent=2) + "\n")
-    save_file(_random_weights(), str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    build_tokenizer().save_pretrained(str(out_dir))
+    write_random_checkpoint(out_dir, CONFIG, _SEED, _INIT_STD)
 
 
-def _random_weights() -> dict[str, torch.Tensor]:
-    config = ModelConfig.from_hf(CONFIG)
+def write_random_checkpoint(out_dir: Path, config: dict, seed: int = 0, std: float = _INIT_STD) -> Path:
+    """A loadable HF-style checkpoint of ``config`` with seeded random weights (norms at one) and
+    the tiny byte-level tokenizer; also used by the GPU tests for a head_dim-128 model."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     with torch.device("meta"):
-        model = DecoderLM(config)
-    generator = torch.Generator().manual_seed(_SEED)
+        model = DecoderLM(ModelConfig.from_hf(config))
+    generator = torch.Generator().manual_seed(seed)
     weights = {}
     for name, param in model.named_parameters():
         if name.endswith("norm.weight"):
             weights[name] = torch.ones(param.shape)
         else:
-            weights[name] = torch.randn(param.shape, generator=generator) * _INIT_STD
-    return weights
+            weights[name] = torch.randn(param.shape, generator=generator) * std
+    save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    build_tokenizer().save_pretrained(str(out_dir))
+    return out_dir
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:

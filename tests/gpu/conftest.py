@@ -3,17 +3,12 @@ prebuilt FlashInfer kernels serve it), written once per session."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import save_file
 
-from scorer.config import ModelConfig
-from scorer.models.decoder import DecoderLM
 from scorer.models.tiny import CONFIG as TINY_CONFIG
-from scorer.models.tiny import build_tokenizer
+from scorer.models.tiny import write_random_checkpoint
 
 HEAD_DIM = 128
 CONFIG: dict = {
@@ -31,21 +26,7 @@ INIT_STD = 0.05
 
 
 def write_checkpoint(out_dir: Path, config: dict = CONFIG, seed: int = 0) -> Path:
-    """A loadable HF-style checkpoint with seeded random weights (norms at one)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    with torch.device("meta"):
-        model = DecoderLM(ModelConfig.from_hf(config))
-    g = torch.Generator().manual_seed(seed)
-    weights = {}
-    for name, p in model.named_parameters():
-        if name.endswith("norm.weight"):
-            weights[name] = torch.ones(p.shape)
-        else:
-            weights[name] = torch.randn(p.shape, generator=g) * INIT_STD
-    save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    build_tokenizer().save_pretrained(str(out_dir))
-    return out_dir
+    return write_random_checkpoint(out_dir, config, seed, INIT_STD)
 
 
 @pytest.fixture(scope="session")
