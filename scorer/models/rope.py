@@ -21,17 +21,18 @@ def rope_frequencies(config: ModelConfig) -> tuple[torch.Tensor, float]:
     return inv_freq.float(), float(attention_scaling)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
 def apply_rope(
     q: torch.Tensor, k: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate q [T, Hq, D] and k [T, Hkv, D] by the [T, 1, D] tables of ``RotaryEmbedding``."""
-    cos, sin = cos_sin
-    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+    """Rotate q [T, Hq, D] and k [T, Hkv, D] by the [T, 1, D] tables of ``RotaryEmbedding``.
+
+    HF's ``x * cos + rotate_half(x) * sin`` with ``rotate_half(x) = roll(x, D/2) * [-1.., +1..]``:
+    the sign lives in the sine table, which saves rotate_half's negation and concatenation and
+    leaves every rounding as in HF.
+    """
+    cos, signed_sin = cos_sin
+    half = q.shape[-1] // 2
+    return q * cos + q.roll(half, dims=-1) * signed_sin, k * cos + k.roll(half, dims=-1) * signed_sin
 
 
 class RotaryEmbedding(nn.Module):
@@ -47,9 +48,10 @@ class RotaryEmbedding(nn.Module):
         return self._inv_freq
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin tables [T, 1, D] for token positions [T], computed once per forward pass."""
+        """cos and signed sin tables [T, 1, D] for token positions [T], once per forward pass."""
         freqs = positions.to(torch.float32)[:, None] * self.inv_freq(positions.device)[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         cos = (emb.cos() * self.attention_scaling).to(dtype)[:, None, :]
         sin = (emb.sin() * self.attention_scaling).to(dtype)[:, None, :]
-        return cos, sin
+        half = sin.shape[-1] // 2
+        return cos, torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
