@@ -4,7 +4,7 @@ from hypothesis import HealthCheck, settings
 
 settings.register_profile(
     "ci",
-    max_examples=int(os.environ.get("HYPOTHESIS_MAX_EXAMPLES", "25")),
+    max_examples=int(os.environ.get("HYPOTHESIS_MAX_EXAMPLES", "100")),
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
