@@ -10,9 +10,11 @@ import torch
 from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
+from scorer.attention import HeadSpec, TorchBackend
 from scorer.config import ModelConfig
 from scorer.models import DecoderLM, tiny
 from scorer.models.loader import load_model
+from scorer.planning import PLANNERS, Shape
 
 SEQ_LEN = 20
 VOCAB = 300  # >= the tiny tokenizer (264 tokens), which the test checkpoints reuse
@@ -33,10 +35,22 @@ def causal_attention(layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.
     return torch.matmul(probs, v).transpose(0, 1)
 
 
-def ours_logits(model: DecoderLM, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+def reference_backend(model: DecoderLM, n: int) -> TorchBackend:
+    """The engine's torch reference backend planned for one causal sequence of ``n`` tokens."""
+    c = model.config
+    backend = TorchBackend(
+        HeadSpec(c.num_heads, c.num_kv_heads, c.head_dim, torch.float32, torch.device("cpu"))
+    )
+    backend.plan(PLANNERS["naive"]([Shape(n // 2, (n - n // 2,))]).passes[0])
+    return backend
+
+
+def ours_logits(
+    model: DecoderLM, input_ids: torch.Tensor, positions: torch.Tensor, attn=causal_attention
+) -> torch.Tensor:
     device = model.lm_head.weight.device
     with torch.no_grad():
-        hidden = model.forward_hidden(input_ids.to(device), positions.to(device), causal_attention)
+        hidden = model.forward_hidden(input_ids.to(device), positions.to(device), attn)
         return model.score_logits(hidden).cpu()
 
 
@@ -113,9 +127,12 @@ def test_matches_transformers(case: str, start: int, tmp_path: Path) -> None:
     input_ids = torch.randint(0, VOCAB, (SEQ_LEN,), generator=torch.Generator().manual_seed(1))
     positions = torch.arange(start, start + SEQ_LEN)
     expected = hf_logits(model_dir, input_ids, positions)
-    actual = ours_logits(load_model(model_dir, dtype=torch.float32)[0], input_ids, positions)
+    model = load_model(model_dir, dtype=torch.float32)[0]
+    actual = ours_logits(model, input_ids, positions)
     assert actual.dtype == torch.float32 and actual.shape == (SEQ_LEN, VOCAB)
     torch.testing.assert_close(actual, expected, atol=1e-4, rtol=0)
+    through_backend = ours_logits(model, input_ids, positions, reference_backend(model, SEQ_LEN).run)
+    torch.testing.assert_close(through_backend, expected, atol=1e-4, rtol=0)
 
 
 def test_config_fields(tmp_path: Path) -> None:
