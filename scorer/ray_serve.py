@@ -28,13 +28,12 @@ from ray.serve.grpc_util import RayServegRPCContext
 
 from . import metrics
 from .engine import Engine, EngineConfig
-from .runtime import build_engine
 from .server.app import DTYPES, LOG_FORMAT, SCORER_SERVICE
 from .server.batcher import BatchPolicy
 from .server.calls import Call, Inflight, RequestIdFilter, close_call, open_call
 from .server.convert import request_from_proto, response_to_proto
 from .server.interceptor import REQUEST_ID_KEY, status_for
-from .server.scoring import ScoringService, warm_up
+from .server.scoring import ScoringService, ready_engine
 from .v1 import scorer_pb2 as pb
 
 log = logging.getLogger("scorer.ray_serve")
@@ -217,17 +216,7 @@ def build_app(args: ScorerArgs) -> Application:
 def load_engine(args: ScorerArgs) -> Engine:
     """Build and warm up the engine on this replica's device, and label ``scorer_model_info``."""
     dtype = DTYPES[args.dtype] if args.dtype else None
-    engine = build_engine(
-        args.model_dir, args.attention_backend, args.device, dtype, config=args.engine_config()
-    )
-    warm_up(engine)
-    metrics.MODEL_INFO.labels(
-        model=engine.model_name,
-        attention_backend=engine.backend.name,
-        device=str(engine.device),
-        dtype=str(next(engine.model.parameters()).dtype).removeprefix("torch."),
-    ).set(1)
-    return engine
+    return ready_engine(args.model_dir, args.attention_backend, args.device, dtype, args.engine_config())
 
 
 def _serve_metrics(args: ScorerArgs) -> tuple[WSGIServer | None, int]:

@@ -25,13 +25,12 @@ from grpc_reflection.v1alpha import reflection
 
 from .. import metrics
 from ..engine import AUTO_POLICIES, Engine, EngineConfig
-from ..runtime import build_engine
 from ..v1 import scorer_pb2, scorer_pb2_grpc
 from .batcher import BatchPolicy
 from .calls import Inflight, RequestIdFilter
 from .debug import DebugKnobs
 from .interceptor import CallInterceptor
-from .scoring import ScoringService, warm_up
+from .scoring import ScoringService, ready_engine
 from .servicer import ScorerServicer
 
 log = logging.getLogger("scorer.server")
@@ -244,17 +243,7 @@ def _load_engine(args: argparse.Namespace) -> Engine:
         max_tokens_per_pass=args.max_batch_tokens,
         auto_policy=args.auto_policy,
     )
-    engine = build_engine(
-        args.model, args.attention_backend, args.device, DTYPES.get(args.dtype or ""), config=config
-    )
-    warm_up(engine)
-    metrics.MODEL_INFO.labels(
-        model=engine.model_name,
-        attention_backend=engine.backend.name,
-        device=str(engine.device),
-        dtype=str(next(engine.model.parameters()).dtype).removeprefix("torch."),
-    ).set(1)
-    return engine
+    return ready_engine(args.model, args.attention_backend, args.device, DTYPES.get(args.dtype or ""), config)
 
 
 async def _shut_down(

@@ -12,9 +12,10 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from .. import metrics
-from ..engine import Engine, ScoreResult
+from ..engine import Engine, EngineConfig, ScoreResult
 from ..planning import PLANNERS
 from ..request import Doc, ScoreOptions, ScoreRequest, Tokenized
+from ..runtime import build_engine
 from .batcher import Batcher, BatchPolicy, Scored, ScoreFn
 from .debug import DebugKnobs, with_faults
 
@@ -73,3 +74,19 @@ def warm_up(engine: Engine) -> None:
     docs = (Doc("warm-up document", "a"), Doc("another warm-up document", "b"))
     for scheme in PLANNERS:
         engine.score(ScoreRequest("warm-up query", docs, options=ScoreOptions(scheme=scheme)))
+
+
+def ready_engine(
+    model_dir: str | None, attention_backend: str, device: str | None, dtype, config: EngineConfig
+) -> Engine:
+    """Build the engine, warm every scheme up, and label ``scorer_model_info``: what a server
+    (standalone or a Ray replica) does before it reports SERVING."""
+    engine = build_engine(model_dir, attention_backend, device, dtype, config=config)
+    warm_up(engine)
+    metrics.MODEL_INFO.labels(
+        model=engine.model_name,
+        attention_backend=engine.backend.name,
+        device=str(engine.device),
+        dtype=str(next(engine.model.parameters()).dtype).removeprefix("torch."),
+    ).set(1)
+    return engine
