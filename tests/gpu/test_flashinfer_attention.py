@@ -11,6 +11,8 @@ from collections import Counter
 import pytest
 import torch
 
+from scorer.schemes import CONCRETE
+
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
@@ -27,17 +29,7 @@ from scorer.planning.packbits import multi_item_mask, pack_segments  # noqa: E40
 DEV = torch.device("cuda")
 SM90 = torch.cuda.get_device_capability()[0] == 9
 KERNELS = ["fa2", pytest.param("fa3", marks=pytest.mark.skipif(not SM90, reason="FA3 needs sm90"))]
-SCHEMES = [
-    "naive",
-    "split_cache",
-    "ragged",
-    "cascade",
-    "multi_item",
-    "custom_mask",
-    "grouped:1",
-    "grouped:3",
-    "grouped:8",
-]
+SCHEMES = [s for s in CONCRETE if s != "grouped"] + ["grouped:1", "grouped:3", "grouped:8"]
 MAX_REL_ERR = 1e-2
 
 
