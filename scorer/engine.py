@@ -176,9 +176,8 @@ class Engine:
                 return self.backend.run(layer, q, *pool.write(layer, p, k, v))
 
             hidden = self.model.forward_hidden(ids[logical], positions[logical], attn)
-            score_rows = torch.tensor(
-                [row for _, _, row in per_pass[pi]], dtype=torch.long, device=self.device
-            )
+            score_rows = torch.tensor([row for _, _, row in per_pass[pi]], dtype=torch.long)
+            score_rows = score_rows.to(self.device, non_blocking=True)
             for (r, i, _), h in zip(per_pass[pi], hidden[score_rows], strict=True):
                 out[(r, i)] = h
             self.stats["forward_passes"] += 1
@@ -207,10 +206,9 @@ class Engine:
             score = lps[0] if mode == "logprob" else math.exp(lps[0] - _logsumexp(lps))
             doc = t.request.docs[i]
             results.append(DocScore(i, doc.id, score, lps, t.doc_tokens[i], t.truncated[i]))
-        p, n = len(t.prefix_ids), len(t.items)
-        items = sum(len(i) for i in t.items)
-        computed = p * (n if scheme == "naive" else 1) + items
-        usage = Usage(p, sum(t.doc_tokens), computed, p * n + items - computed)
+        computed = self.num_tokens(t, scheme)
+        every_doc_alone = self.num_tokens(t, "naive")
+        usage = Usage(len(t.prefix_ids), sum(t.doc_tokens), computed, every_doc_alone - computed)
         return ScoreResult(tuple(results), scheme, usage)
 
 
