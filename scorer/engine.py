@@ -22,7 +22,7 @@ from .planning import Plan, Shape, article_choice, check_plan, combine, planner
 from .planning.split import split_to_budget
 from .request import InvalidInput, Limits, ScoreRequest, Tokenized, tokenize
 
-AUTO_POLICIES = ("default", "article", "calibrated")
+AUTO_POLICIES = ("default", "calibrated", "article", "ragged")
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class EngineConfig:
     group_size: int = 8
     max_custom_mask_tokens: int = 32768
     max_tokens_per_pass: int = 0  # 0: no limit; a larger request is split, reusing its prompt's K/V
-    auto_policy: str = "default"  # "article", "calibrated", or "default": calibrated on FlashInfer
+    auto_policy: str = "default"  # see auto_policy()
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,8 @@ class Engine:
             vocab_size=mc.vocab_size,
         )
         self.stats: Counter = Counter()
-        self._auto = lru_cache(maxsize=4096)(auto_policy(self.config.auto_policy, backend.name))
+        policy = auto_policy(self.config.auto_policy, backend.name, self.device.type)
+        self._auto = lru_cache(maxsize=4096)(policy)
 
     def tokenize(self, req: ScoreRequest) -> Tokenized:
         t = tokenize(req, self.tokenizer, self.limits)
@@ -212,15 +213,22 @@ class Engine:
         return ScoreResult(tuple(results), scheme, usage)
 
 
-def auto_policy(name: str, backend: str) -> Callable[[Shape], tuple[str, int]]:
-    """How ``auto`` picks: the GPU-calibrated cost model (FlashInfer on the H200) or the article's
-    section 5.3 guide (the torch backend, where the calibration does not apply)."""
+def auto_policy(name: str, backend: str, device_type: str) -> Callable[[Shape], tuple[str, int]]:
+    """How ``auto`` picks. ``calibrated``: the cost model fitted to FlashInfer on the H200;
+    ``article``: the article's section 5.3 guide; ``ragged``: always ragged, the measured choice
+    of the torch backend on the CPU (``python -m bench.cpu_schemes``: fastest or within 3 ms of it
+    at 1-20 docs, while naive is the slowest everywhere). ``default`` takes the calibrated model
+    on FlashInfer, ragged on the CPU, and the article's guide for the torch backend on a GPU."""
     if name not in AUTO_POLICIES:
         raise ValueError(f"unknown auto policy {name!r}; expected one of {', '.join(AUTO_POLICIES)}")
-    if name == "calibrated" or (name == "default" and backend == "flashinfer"):
+    if name == "default":
+        name = "calibrated" if backend == "flashinfer" else "ragged" if device_type == "cpu" else "article"
+    if name == "calibrated":
         from .planning.cost_model import calibrated_choice
 
         return calibrated_choice
+    if name == "ragged":
+        return lambda shape: ("ragged", 0)
     return lambda shape: (article_choice(shape), 0)
 
 

@@ -227,14 +227,14 @@ def test_auto_resolves_to_a_concrete_scheme_by_policy(engine):
     from scorer.schemes import CONCRETE
 
     req = ids_request([1] * 30, [[2] * 5] * 3, "auto")
-    result = engine.score(req)
-    # on the torch backend auto follows the article's guide
-    assert result.scheme == article_choice(engine.tokenize(req).shape) == "naive"
-    calibrated = auto_policy("default", "flashinfer")
+    assert engine.score(req).scheme == "ragged"  # the torch backend on the CPU
+    shape = engine.tokenize(req).shape
+    assert auto_policy("default", "torch", "cuda")(shape) == (article_choice(shape), 0) == ("naive", 0)
+    calibrated = auto_policy("default", "flashinfer", "cuda")
     shapes = (Shape(8196, (4,) * 32), Shape(96, (256,) * 2), Shape(96, (4,) * 32), Shape(2000, (60,) * 100))
-    for shape in shapes:
-        scheme, group = calibrated(shape)
+    for s in shapes:
+        scheme, group = calibrated(s)
         assert scheme in CONCRETE and (group > 0) == (scheme == "grouped")
     assert calibrated(Shape(8196, (4,) * 32))[0] != "naive"
     with pytest.raises(ValueError, match="unknown auto policy"):
-        auto_policy("fastest", "torch")
+        auto_policy("fastest", "torch", "cpu")

@@ -55,8 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--auto-policy",
         default=d.auto_policy,
         choices=AUTO_POLICIES,
-        help="how scheme=auto picks: the H200-calibrated cost model, the article's guide, or "
-        "default (calibrated on FlashInfer, the article's guide on the torch backend)",
+        help="how scheme=auto picks: calibrated (H200 cost model), article (section 5.3), ragged, or "
+        "default (calibrated on FlashInfer, ragged on the CPU, the article's guide for torch on a GPU)",
     )
     parser.add_argument("--dtype", choices=sorted(DTYPES), help="default: bfloat16 on cuda, float32 on cpu")
     parser.add_argument(
