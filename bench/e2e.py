@@ -27,6 +27,7 @@ from scorer.config import ModelConfig
 from scorer.engine import Engine, EngineConfig
 from scorer.models.decoder import DecoderLM
 from scorer.planning import Shape, check_plan, planner
+from scorer.schemes import UNGROUPED as SCHEMES
 
 from .timing import environment, time_host, write_json
 
@@ -65,7 +66,6 @@ HELDOUT = [(p, s, m) for p in (96, 8196) for s in (4, 256) for m in (2, 32)] + [
     (12000, 40, 30),
 ]
 SMOKE = [(96, 4, 2), (300, 20, 9)]
-SCHEMES = ("naive", "split_cache", "ragged", "cascade", "multi_item", "custom_mask")
 GROUP_SIZES = (4, 16, 64)
 MAX_MASK_TOKENS = 8_448
 NAIVE_DOMINATED = (3.0, 32_768)  # naive rows over the others' rows, and absolute rows

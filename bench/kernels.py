@@ -24,12 +24,12 @@ import torch
 from scorer.attention.base import HeadSpec
 from scorer.attention.flashinfer import FlashInferBackend
 from scorer.planning import Plan, Shape, article_choice, check_plan, planner
+from scorer.schemes import UNGROUPED as SCHEMES
 
 from .timing import environment, time_gpu, time_host, write_json
 
 HEADS, KV_HEADS, HEAD_DIM = 16, 8, 128
 DTYPE = torch.float16
-SCHEMES = ("naive", "split_cache", "ragged", "cascade", "multi_item", "custom_mask")
 GROUP_SIZES = (4, 8, 16, 64)
 GRIDS: dict[str, list[tuple[int, int, int]]] = {
     "article": [(p, s, m) for p in (96, 8196) for s in (4, 256) for m in (2, 32)],

@@ -10,10 +10,10 @@ import json
 import math
 from pathlib import Path
 
-from scorer.schemes import CONCRETE
+from scorer.schemes import UNGROUPED
 
 ARTICLE_CELLS = [(p, s, m) for p in (96, 8196) for s in (4, 256) for m in (2, 32)]
-ROWS = [s for s in CONCRETE if s != "grouped"] + ["grouped:4", "grouped:8", "grouped:16"]
+ROWS = list(UNGROUPED) + ["grouped:4", "grouped:8", "grouped:16"]
 # The article's table (section 5.2: FlashInfer 0.6.15.post1, page_size 16, fp16, its GPU), ms.
 ARTICLE_MS = {
     "naive": [0.037, 0.094, 0.086, 0.437, 9.883, 145.487, 10.469, 154.564],

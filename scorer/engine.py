@@ -132,14 +132,14 @@ class Engine:
         if len(batch) == 1 and budget and self.num_tokens(batch[0], schemes[0]) > budget:
             scheme, group = keys[0]
             plan = split_to_budget(planner(scheme, group), scheme, batch[0].shape, budget, group)
-            check_plan(plan, self.config.max_custom_mask_tokens)
-            return plan, [0], schemes
-        parts, order = [], []
-        for key in dict.fromkeys(keys):
-            members = [i for i, k in enumerate(keys) if k == key]
-            parts.append(planner(*key)([batch[i].shape for i in members]))
-            order += members
-        plan = combine(parts)
+            order = [0]
+        else:
+            parts, order = [], []
+            for key in dict.fromkeys(keys):
+                members = [i for i, k in enumerate(keys) if k == key]
+                parts.append(planner(*key)([batch[i].shape for i in members]))
+                order += members
+            plan = combine(parts)
         check_plan(plan, self.config.max_custom_mask_tokens)
         return plan, order, schemes
 

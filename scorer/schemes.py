@@ -10,3 +10,4 @@ CONCRETE: tuple[str, ...] = (
     "grouped",
 )
 SCHEMES: tuple[str, ...] = ("auto", *CONCRETE)
+UNGROUPED: tuple[str, ...] = tuple(s for s in CONCRETE if s != "grouped")  # grouped takes a size

@@ -33,11 +33,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ..schemes import UNGROUPED as SCHEMES
 from .auto import article_choice
 from .base import Shape
 
 DATA = Path(__file__).with_name("cost_model.json")
-SCHEMES = ("naive", "split_cache", "ragged", "cascade", "multi_item", "custom_mask")
 DEFAULT_GROUP_SIZES = (4, 16, 64)
 MAX_EXTRAPOLATION = 1.0  # kernel-grid steps beyond the last measured point
 

@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 import torch
 
-from scorer.schemes import CONCRETE
+from scorer.schemes import UNGROUPED
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
@@ -29,7 +29,7 @@ from scorer.planning.packbits import multi_item_mask, pack_segments  # noqa: E40
 DEV = torch.device("cuda")
 SM90 = torch.cuda.get_device_capability()[0] == 9
 KERNELS = ["fa2", pytest.param("fa3", marks=pytest.mark.skipif(not SM90, reason="FA3 needs sm90"))]
-SCHEMES = [s for s in CONCRETE if s != "grouped"] + ["grouped:1", "grouped:3", "grouped:8"]
+SCHEMES = list(UNGROUPED) + ["grouped:1", "grouped:3", "grouped:8"]
 MAX_REL_ERR = 1e-2
 
 
