@@ -18,6 +18,7 @@ import torch
 from .attention.base import AttentionBackend
 from .attention.kvpool import KVPool
 from .models.decoder import DecoderLM
+from .models.graphs import GraphedDecoder
 from .planning import Plan, Shape, article_choice, check_plan, combine, planner
 from .planning.split import split_to_budget
 from .request import InvalidInput, Limits, ScoreRequest, Tokenized, tokenize
@@ -33,6 +34,7 @@ class EngineConfig:
     max_custom_mask_tokens: int = 32768
     max_tokens_per_pass: int = 0  # 0: no limit; a larger request is split, reusing its prompt's K/V
     auto_policy: str = "default"  # see auto_policy()
+    cuda_graph_max_tokens: int = 16384  # CUDA only: passes up to this many tokens replay graphs; 0: eager
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,13 @@ class Engine:
         self.stats: Counter = Counter()
         policy = auto_policy(self.config.auto_policy, backend.name, self.device.type)
         self._auto = lru_cache(maxsize=4096)(policy)
+        n = self.config.cuda_graph_max_tokens
+        self.graphs = GraphedDecoder(model, n) if n > 0 and self.device.type == "cuda" else None
+
+    def capture_graphs(self) -> float:
+        """Capture the CUDA graphs of every token bucket (seconds taken; 0 without graphs). Until
+        then every forward runs eagerly."""
+        return self.graphs.warm_up() if self.graphs is not None else 0.0
 
     def tokenize(self, req: ScoreRequest) -> Tokenized:
         t = tokenize(req, self.tokenizer, self.limits)
@@ -173,10 +182,10 @@ class Engine:
             self.backend.plan(p)
             logical = p.logical.to(self.device, non_blocking=True)
 
-            def attn(layer, q, k, v, p=p):
-                return self.backend.run(layer, q, *pool.write(layer, p, k, v))
+            def attn(layer, q, k, v, out=None, p=p):
+                return self.backend.run(layer, q, *pool.write(layer, p, k, v), out=out)
 
-            hidden = self.model.forward_hidden(ids[logical], positions[logical], attn)
+            hidden = (self.graphs or self.model).forward_hidden(ids[logical], positions[logical], attn)
             score_rows = torch.tensor([row for _, _, row in per_pass[pi]], dtype=torch.long)
             score_rows = score_rows.to(self.device, non_blocking=True)
             for (r, i, _), h in zip(per_pass[pi], hidden[score_rows], strict=True):

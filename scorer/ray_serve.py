@@ -69,6 +69,7 @@ class ScorerArgs(BaseModel):
     """cuda or cpu; None: cuda when the replica sees a GPU."""
     dtype: Literal["float32", "bfloat16", "float16"] | None = None
     auto_policy: str = _ENGINE.auto_policy
+    cuda_graph_max_tokens: int = _ENGINE.cuda_graph_max_tokens
     max_batch_tokens: int = _BATCH.max_batch_tokens
     max_wait_ms: float = _BATCH.max_wait_s * 1e3
     max_queue: int = _BATCH.max_queue
@@ -91,6 +92,7 @@ class ScorerArgs(BaseModel):
             max_doc_tokens=self.max_doc_tokens,
             max_tokens_per_pass=self.max_batch_tokens,
             auto_policy=self.auto_policy,
+            cuda_graph_max_tokens=self.cuda_graph_max_tokens,
         )
 
     def batch_policy(self) -> BatchPolicy:

@@ -238,3 +238,32 @@ def test_auto_resolves_to_a_concrete_scheme_by_policy(engine):
     assert calibrated(Shape(8196, (4,) * 32))[0] != "naive"
     with pytest.raises(ValueError, match="unknown auto policy"):
         auto_policy("fastest", "torch", "cpu")
+
+
+@pytest.fixture(scope="module")
+def graphed(engine):
+    """The module's engine with its forward cut into the piecewise-graph segments over padded
+    token buckets (run eagerly: capture needs CUDA); passes over 128 tokens stay eager."""
+    from scorer.engine import Engine
+    from scorer.models.graphs import GraphedDecoder
+
+    g = Engine(engine.model, engine.tokenizer, engine.backend, engine.config)
+    g.graphs = GraphedDecoder(engine.model, 128, capture=False)
+    g.capture_graphs()
+    return g
+
+
+@given(req=request_st, scheme=st.sampled_from(SCHEMES + ["naive"]))
+@example(req=(4, 100, [8, 8, 8]), scheme="split_cache")
+def test_graph_segments_over_padded_buckets_score_as_the_eager_model(engine, graphed, req, scheme):
+    seed, p, lens = req
+    rng = random.Random(seed)
+    request = ids_request(random_ids(rng, p), [random_ids(rng, n) for n in lens], scheme)
+    graphed.graphs.stats.clear()
+    graphed.stats.clear()
+    got = graphed.score(request)
+    torch.testing.assert_close(logprobs(got), logprobs(engine.score(request)), atol=1e-4, rtol=0)
+    stats = graphed.graphs.stats
+    assert stats["graphed_forwards"] + stats["eager_forwards"] == graphed.stats["forward_passes"]
+    if graphed.num_tokens(graphed.tokenize(request)) <= 128:
+        assert stats["eager_forwards"] == 0

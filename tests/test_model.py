@@ -234,3 +234,15 @@ def test_tiny_model_tokens_and_logits(tmp_path: Path, monkeypatch) -> None:
         logits = model.score_logits(hidden[-1:])
     assert logits.shape == (1, model.config.vocab_size) and torch.isfinite(logits).all()
     assert logits.std() > 0.1 and logits[0, ids[0]] != logits[0, ids[1]]
+
+
+@pytest.mark.parametrize("max_tokens", [1, 16, 17, 100, 16384])
+def test_graph_buckets_cover_every_count_with_bounded_padding(max_tokens: int) -> None:
+    from scorer.models.graphs import buckets
+
+    b = buckets(max_tokens)
+    assert b == sorted(set(b)) and b[-1] == max_tokens
+    assert all(x % 16 == 0 for x in b[:-1])
+    for n in range(1, max_tokens + 1, 7):
+        fit = next(x for x in b if x >= n)
+        assert fit - n < max(16, n // 4 + 16)

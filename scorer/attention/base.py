@@ -29,7 +29,8 @@ class AttentionBackend(Protocol):
 
     ``run(layer, q, k, v)`` takes ``q`` as ``[num_rows, num_qo_heads, head_dim]`` and the layer's
     K/V pool as ``[num_slots, num_kv_heads, head_dim]`` and returns ``[num_rows, num_qo_heads,
-    head_dim]``. ``stats`` counts kernel calls and LSE merges (per layer), for tests and metrics.
+    head_dim]`` (written into ``out`` when given). ``stats`` counts kernel calls and LSE merges
+    (per layer), for tests and metrics.
     """
 
     name: str
@@ -37,4 +38,6 @@ class AttentionBackend(Protocol):
 
     def plan(self, p: Pass) -> None: ...
 
-    def run(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
+    def run(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor | None = None
+    ) -> torch.Tensor: ...

@@ -216,8 +216,10 @@ class FlashInferBackend:
             w._mask_indptr_buf = c.custom_mask.indptr.to(dev, non_blocking=True)
         return w
 
-    def run(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Attention of every planned call for one layer.
+    def run(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Attention of every planned call for one layer, into ``out`` when given.
 
         Parameters
         ----------
@@ -232,9 +234,9 @@ class FlashInferBackend:
             ``[rows, Hq, D]`` in ``q.dtype``.
         """
         if self._fallback is not None:
-            return self._fallback.run(layer, q, k, v)
+            return self._fallback.run(layer, q, k, v, out)
         kv = (k.unsqueeze(1), v.unsqueeze(1))
-        out = torch.empty_like(q)
+        out = torch.empty_like(q) if out is None else out
         for g in self._groups:
             q0, q1 = g.rows
             if q1 == q0:

@@ -74,8 +74,10 @@ class TorchBackend:
             self._calls.append((c.rows, blocks))
         self._groups = p.merge_groups()
 
-    def run(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        out = torch.empty_like(q)
+    def run(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        out = torch.empty_like(q) if out is None else out
         for group in self._groups:
             states = [self._call(q, k, v, i) for i in group]
             (q0, q1), _ = self._calls[group[0]]

@@ -16,9 +16,10 @@ from torch import nn
 from scorer.config import ModelConfig
 from scorer.models.rope import RotaryEmbedding, apply_rope
 
-AttnFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-"""attn(layer_idx, q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D]) -> out [T, Hq, D]."""
+AttnFn = Callable[..., torch.Tensor]
+"""attn(layer_idx, q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D], out=None) -> out [T, Hq, D]."""
 CosSin = tuple[torch.Tensor, torch.Tensor]
+QKV = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 class RMSNorm(nn.Module):
@@ -49,15 +50,19 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, rope: CosSin, attn: AttnFn) -> torch.Tensor:
+    def qkv(self, x: torch.Tensor, rope: CosSin, out: QKV | None = None) -> QKV:
+        """RoPE'd (and q/k-normed) heads of x [T, hidden]; written into ``out`` when given."""
         T = x.shape[0]
         q = self.q_proj(x).view(T, -1, self.head_dim)
         k = self.k_proj(x).view(T, -1, self.head_dim)
         v = self.v_proj(x).view(T, -1, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, k, rope)
-        return self.o_proj(attn(self.layer_idx, q, k, v).reshape(T, -1))
+        if out is None:
+            return (*apply_rope(q, k, rope), v)
+        apply_rope(q, k, rope, out=out[:2])
+        out[2].copy_(v)
+        return out
 
 
 class MLP(nn.Module):
@@ -81,8 +86,19 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, h: torch.Tensor, rope: CosSin, attn: AttnFn) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), rope, attn)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        q, k, v = self.qkv(h, rope)
+        return self.finish(h, attn(self.self_attn.layer_idx, q, k, v))
+
+    def qkv(self, h: torch.Tensor, rope: CosSin, out: QKV | None = None) -> QKV:
+        """The first half of the layer, up to attention."""
+        return self.self_attn.qkv(self.input_layernorm(h), rope, out)
+
+    def finish(
+        self, h: torch.Tensor, attn_out: torch.Tensor, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The second half: output projection, residuals and MLP; ``out`` may alias ``h``."""
+        h = h + self.self_attn.o_proj(attn_out.reshape(h.shape[0], -1))
+        return torch.add(h, self.mlp(self.post_attention_layernorm(h)), out=out)
 
 
 class Backbone(nn.Module):

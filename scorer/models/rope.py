@@ -22,7 +22,10 @@ def rope_frequencies(config: ModelConfig) -> tuple[torch.Tensor, float]:
 
 
 def apply_rope(
-    q: torch.Tensor, k: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos_sin: tuple[torch.Tensor, torch.Tensor],
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate q [T, Hq, D] and k [T, Hkv, D] by the [T, 1, D] tables of ``RotaryEmbedding``.
 
@@ -32,7 +35,11 @@ def apply_rope(
     """
     cos, signed_sin = cos_sin
     half = q.shape[-1] // 2
-    return q * cos + q.roll(half, dims=-1) * signed_sin, k * cos + k.roll(half, dims=-1) * signed_sin
+    qo, ko = out or (None, None)
+    return (
+        torch.add(q * cos, q.roll(half, dims=-1) * signed_sin, out=qo),
+        torch.add(k * cos, k.roll(half, dims=-1) * signed_sin, out=ko),
+    )
 
 
 class RotaryEmbedding(nn.Module):

@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
@@ -57,6 +57,7 @@ class CostModel:
         self.data = data
         self.layers = int(data["layers"])
         curve = sorted((int(k), float(v)) for k, v in data["gemm_curve"].items())
+        self._buckets = [int(b) for b in data.get("graph_buckets", [])]
         self._gemm_x = np.log([r for r, _ in curve])
         self._gemm_y = np.log([t for _, t in curve])
         g = data["attention"]["grid"]
@@ -73,6 +74,10 @@ class CostModel:
         return cls(json.loads(Path(path).read_text()))
 
     def gemm_ms(self, rows: float) -> float:
+        """The forward without attention; a pass that fits a CUDA-graph bucket runs padded to it."""
+        i = bisect_left(self._buckets, rows)
+        if i < len(self._buckets):
+            rows = self._buckets[i]
         x = math.log(max(rows, 1.0))
         return float(math.exp(_interp1(self._gemm_x, self._gemm_y, x)))
 
@@ -216,6 +221,7 @@ def fit(kernels: dict, e2e: dict, max_mask_tokens: int = 8448) -> dict:
         "layers": layers,
         "measured_on": {k: e2e["env"].get(k) for k in ("gpu", "torch", "flashinfer", "nvidia_smi")},
         "gemm_curve": e2e["gemm_curve"],
+        "graph_buckets": e2e.get("graph_buckets", []),
         "attention": attention_table(kernels),
         "max_mask_tokens": max_mask_tokens,
         "fit": {name: {"a": 0.0, "b": 1.0, "c": 1.0} for name in attention_table(kernels)["log_ms"]},

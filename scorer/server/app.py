@@ -60,6 +60,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--dtype", choices=sorted(DTYPES), help="default: bfloat16 on cuda, float32 on cpu")
     parser.add_argument(
+        "--cuda-graph-max-tokens",
+        type=int,
+        default=d.cuda_graph_max_tokens,
+        help="on CUDA, forward passes up to this many tokens replay piecewise CUDA graphs captured at"
+        " start-up (everything but attention); 0: always eager",
+    )
+    parser.add_argument(
         "--max-batch-tokens",
         type=int,
         default=b.max_batch_tokens,
@@ -242,6 +249,7 @@ def _load_engine(args: argparse.Namespace) -> Engine:
         max_doc_tokens=args.max_doc_tokens,
         max_tokens_per_pass=args.max_batch_tokens,
         auto_policy=args.auto_policy,
+        cuda_graph_max_tokens=args.cuda_graph_max_tokens,
     )
     return ready_engine(args.model, args.attention_backend, args.device, DTYPES.get(args.dtype or ""), config)
 

@@ -82,6 +82,7 @@ def ready_engine(
     """Build the engine, warm every scheme up, and label ``scorer_model_info``: what a server
     (standalone or a Ray replica) does before it reports SERVING."""
     engine = build_engine(model_dir, attention_backend, device, dtype, config=config)
+    engine.capture_graphs()
     warm_up(engine)
     metrics.MODEL_INFO.labels(
         model=engine.model_name,

@@ -1,5 +1,6 @@
-"""Engine scores on the GPU (bf16, FlashInfer) against the CPU (fp32, torch reference), and a
-forward pass with no host synchronisation. Skipped without CUDA and flashinfer."""
+"""Engine scores on the GPU (bf16, FlashInfer, piecewise CUDA graphs) against the CPU (fp32,
+torch reference) and the eager GPU forward, and a forward pass with no host synchronisation.
+Skipped without CUDA and flashinfer."""
 
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ if not torch.cuda.is_available():
 pytest.importorskip("flashinfer")
 
 from scorer.attention.kvpool import KVPool  # noqa: E402
-from scorer.engine import logical_tokens  # noqa: E402
+from scorer.engine import EngineConfig, logical_tokens  # noqa: E402
 from scorer.request import Doc, ScoreOptions, ScoreRequest  # noqa: E402
 from scorer.runtime import build_engine  # noqa: E402
 
 TOL = 0.05
+BF16 = torch.bfloat16
 SCHEMES = ["naive", "split_cache", "ragged", "cascade", "multi_item", "custom_mask", "grouped", "auto"]
 WORDS = "the of shared prefix attention kernel scoring query ranking flash cascade merge item".split()  # noqa: SIM905
 
@@ -54,14 +56,36 @@ def cpu_engine(checkpoint):
 
 @pytest.fixture(scope="module")
 def gpu_engine(checkpoint):
-    engine = build_engine(checkpoint, "flashinfer", "cuda", torch.bfloat16)
+    """The serving configuration: FlashInfer and the CUDA graphs captured (buckets up to 1024)."""
+    engine = build_engine(
+        checkpoint, "flashinfer", "cuda", torch.bfloat16, EngineConfig(cuda_graph_max_tokens=1024)
+    )
     assert engine.backend.name == "flashinfer"
+    assert engine.capture_graphs() > 0
     return engine
 
 
 @pytest.fixture(scope="module")
 def gpu_scores(gpu_engine) -> dict[str, list[float]]:
-    return {s: scores(gpu_engine, s) for s in SCHEMES}
+    gpu_engine.graphs.stats.clear()
+    out = {s: scores(gpu_engine, s) for s in SCHEMES}
+    assert gpu_engine.graphs.stats["eager_forwards"] == 0 < gpu_engine.graphs.stats["graphed_forwards"]
+    return out
+
+
+@pytest.fixture(scope="module")
+def eager_scores(checkpoint) -> dict[str, list[float]]:
+    engine = build_engine(
+        checkpoint, "flashinfer", "cuda", torch.bfloat16, EngineConfig(cuda_graph_max_tokens=0)
+    )
+    assert engine.graphs is None
+    return {s: scores(engine, s) for s in SCHEMES}
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_graphed_scores_match_the_eager_gpu_forward(scheme, gpu_scores, eager_scores):
+    worst = max(abs(a - b) for a, b in zip(gpu_scores[scheme], eager_scores[scheme], strict=True))
+    assert worst < TOL / 5, f"{scheme}: max |graphed - eager| = {worst:.4f}"
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
@@ -93,7 +117,7 @@ def test_mixed_scheme_batch_matches_single_scheme_scores(gpu_engine, gpu_scores)
 
 
 @torch.inference_mode()
-def _layer_loop(engine, plan, ids, positions, logicals) -> torch.Tensor:
+def _layer_loop(engine, plan, ids, positions, logicals, graphed: bool) -> torch.Tensor:
     """The engine's forward (in inference mode, as the engine runs it) with the plan's row maps
     already on the device."""
     mc, dtype = engine.model.config, next(engine.model.parameters()).dtype
@@ -102,24 +126,26 @@ def _layer_loop(engine, plan, ids, positions, logicals) -> torch.Tensor:
     for p, logical in zip(plan.passes, logicals, strict=True):
         engine.backend.plan(p)
 
-        def attn(layer, q, k, v, p=p):
-            return engine.backend.run(layer, q, *pool.write(layer, p, k, v))
+        def attn(layer, q, k, v, out=None, p=p):
+            return engine.backend.run(layer, q, *pool.write(layer, p, k, v), out=out)
 
-        hidden = engine.model.forward_hidden(ids[logical], positions[logical], attn)
+        model = engine.graphs if graphed else engine.model
+        hidden = model.forward_hidden(ids[logical], positions[logical], attn)
     return hidden
 
 
+@pytest.mark.parametrize("graphed", [True, False], ids=["graphs", "eager"])
 @pytest.mark.parametrize("scheme", SCHEMES[:-1])
-def test_forward_runs_without_host_sync(gpu_engine, scheme):
+def test_layer_loop_runs_without_host_sync(gpu_engine, scheme, graphed):
     batch = [gpu_engine.tokenize(q) for q in requests(scheme, seed=5, n=2)]
     plan, order, _ = gpu_engine.plan(batch)
     ids, positions = logical_tokens([batch[i] for i in order], gpu_engine.device)
     logicals = [p.logical.to(gpu_engine.device) for p in plan.passes]
-    _layer_loop(gpu_engine, plan, ids, positions, logicals)
+    _layer_loop(gpu_engine, plan, ids, positions, logicals, graphed)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        _layer_loop(gpu_engine, plan, ids, positions, logicals)
+        _layer_loop(gpu_engine, plan, ids, positions, logicals, graphed)
     finally:
         torch.cuda.set_sync_debug_mode(0)
     torch.cuda.synchronize()
