@@ -56,10 +56,8 @@ def cpu_engine(checkpoint):
 
 @pytest.fixture(scope="module")
 def gpu_engine(checkpoint):
-    """The serving configuration: FlashInfer and the CUDA graphs captured (buckets up to 1024)."""
-    engine = build_engine(
-        checkpoint, "flashinfer", "cuda", torch.bfloat16, EngineConfig(cuda_graph_max_tokens=1024)
-    )
+    """The serving configuration: FlashInfer and the CUDA graphs captured (default buckets)."""
+    engine = build_engine(checkpoint, "flashinfer", "cuda", torch.bfloat16, EngineConfig())
     assert engine.backend.name == "flashinfer"
     assert engine.capture_graphs() > 0
     return engine
