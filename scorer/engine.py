@@ -24,6 +24,7 @@ from .planning.split import split_to_budget
 from .request import InvalidInput, Limits, ScoreRequest, Tokenized, tokenize
 
 AUTO_POLICIES = ("default", "calibrated", "article", "ragged")
+MODEL_KERNELS = ("auto", "torch", "flashinfer")
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class EngineConfig:
     max_tokens_per_pass: int = 0  # 0: no limit; a larger request is split, reusing its prompt's K/V
     auto_policy: str = "default"  # see auto_policy()
     cuda_graph_max_tokens: int = 16384  # CUDA only: passes up to this many tokens replay graphs; 0: eager
+    model_kernels: str = "auto"  # see model_kernels()
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,9 @@ class Engine:
         self.stats: Counter = Counter()
         policy = auto_policy(self.config.auto_policy, backend.name, self.device.type)
         self._auto = lru_cache(maxsize=4096)(policy)
+        kernels = model_kernels(self.config.model_kernels, backend.name, self.device.type)
+        if kernels == "flashinfer" and not model.fused:
+            model.use_fused_kernels()
         n = self.config.cuda_graph_max_tokens
         self.graphs = GraphedDecoder(model, n) if n > 0 and self.device.type == "cuda" else None
 
@@ -220,6 +225,17 @@ class Engine:
         every_doc_alone = self.num_tokens(t, "naive")
         usage = Usage(len(t.prefix_ids), sum(t.doc_tokens), computed, every_doc_alone - computed)
         return ScoreResult(tuple(results), scheme, usage)
+
+
+def model_kernels(name: str, backend: str, device_type: str) -> str:
+    """Kernels of the model's elementwise work: ``torch`` (HF's op order and rounding) or
+    ``flashinfer`` (fused norm, RoPE, SiLU-and-mul); ``auto`` takes FlashInfer's with FlashInfer
+    attention on CUDA."""
+    if name not in MODEL_KERNELS:
+        raise ValueError(f"unknown model kernels {name!r}; expected one of {', '.join(MODEL_KERNELS)}")
+    if name == "auto":
+        return "flashinfer" if backend == "flashinfer" and device_type == "cuda" else "torch"
+    return name
 
 
 def auto_policy(name: str, backend: str, device_type: str) -> Callable[[Shape], tuple[str, int]]:

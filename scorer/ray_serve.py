@@ -70,6 +70,7 @@ class ScorerArgs(BaseModel):
     dtype: Literal["float32", "bfloat16", "float16"] | None = None
     auto_policy: str = _ENGINE.auto_policy
     cuda_graph_max_tokens: int = _ENGINE.cuda_graph_max_tokens
+    model_kernels: Literal["auto", "torch", "flashinfer"] = "auto"
     max_batch_tokens: int = _BATCH.max_batch_tokens
     max_wait_ms: float = _BATCH.max_wait_s * 1e3
     max_queue: int = _BATCH.max_queue
@@ -93,6 +94,7 @@ class ScorerArgs(BaseModel):
             max_tokens_per_pass=self.max_batch_tokens,
             auto_policy=self.auto_policy,
             cuda_graph_max_tokens=self.cuda_graph_max_tokens,
+            model_kernels=self.model_kernels,
         )
 
     def batch_policy(self) -> BatchPolicy:

@@ -2,7 +2,9 @@
 
 Parameter names equal those of transformers' *ForCausalLM, so HF safetensors load as they are.
 The attention callable gets RoPE'd (and, for Qwen3, q/k-normed) heads and applies the 1/sqrt(head_dim)
-scale and whatever masking it wants itself.
+scale and whatever masking it wants itself. Each layer is two halves around attention (``qkv`` and
+``finish``), so that a graph runner can replay everything but attention (``graphs.py``).
+``DecoderLM.use_fused_kernels`` moves the elementwise work to FlashInfer's fused kernels (``fused.py``).
 """
 
 from __future__ import annotations
@@ -14,11 +16,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from scorer.config import ModelConfig
-from scorer.models.rope import RotaryEmbedding, apply_rope
+from scorer.models import fused
+from scorer.models.rope import Rope, RotaryEmbedding
 
 AttnFn = Callable[..., torch.Tensor]
 """attn(layer_idx, q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D], out=None) -> out [T, Hq, D]."""
-CosSin = tuple[torch.Tensor, torch.Tensor]
 QKV = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
@@ -27,11 +29,15 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.fused = False
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        if self.fused:
+            return fused.rms_norm(x, self.weight, self.eps, out)
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        y = self.weight * x32.to(x.dtype)
+        return y if out is None else out.copy_(y)
 
 
 class Attention(nn.Module):
@@ -50,19 +56,19 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
 
-    def qkv(self, x: torch.Tensor, rope: CosSin, out: QKV | None = None) -> QKV:
+    def qkv(self, x: torch.Tensor, rope: Rope, out: QKV | None = None) -> QKV:
         """RoPE'd (and q/k-normed) heads of x [T, hidden]; written into ``out`` when given."""
         T = x.shape[0]
         q = self.q_proj(x).view(T, -1, self.head_dim)
         k = self.k_proj(x).view(T, -1, self.head_dim)
         v = self.v_proj(x).view(T, -1, self.head_dim)
-        if self.qk_norm:
+        qo, ko, vo = out or (None, None, None)
+        if self.qk_norm and self.q_norm.fused:  # the norms write where the fused RoPE rotates in place
+            q, k = self.q_norm(q, qo), self.k_norm(k, ko)
+        elif self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        if out is None:
-            return (*apply_rope(q, k, rope), v)
-        apply_rope(q, k, rope, out=out[:2])
-        out[2].copy_(v)
-        return out
+        q, k = rope.apply(q, k, out=None if out is None else (qo, ko))
+        return q, k, (v if vo is None else vo.copy_(v))
 
 
 class MLP(nn.Module):
@@ -73,8 +79,28 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(hidden, inter, bias=bias)
         self.down_proj = nn.Linear(inter, hidden, bias=bias)
 
+        self.gate_up: tuple[torch.Tensor, torch.Tensor | None] | None = None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up is not None:
+            return self.down_proj(fused.silu_and_mul(F.linear(x, *self.gate_up)))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    def use_fused(self) -> None:
+        """One GEMM for gate and up (their weights become views of one tensor) and FlashInfer's
+        SiLU-and-mul."""
+        inter = self.gate_proj.out_features
+        merged = []
+        for name in ("weight", "bias"):
+            g, u = getattr(self.gate_proj, name), getattr(self.up_proj, name)
+            if g is None:
+                merged.append(None)
+                continue
+            both = torch.cat((g, u))
+            setattr(self.gate_proj, name, nn.Parameter(both[:inter], requires_grad=False))
+            setattr(self.up_proj, name, nn.Parameter(both[inter:], requires_grad=False))
+            merged.append(both)
+        self.gate_up = (merged[0], merged[1])
 
 
 class DecoderLayer(nn.Module):
@@ -85,20 +111,27 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, h: torch.Tensor, rope: CosSin, attn: AttnFn) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, rope: Rope, attn: AttnFn) -> torch.Tensor:
         q, k, v = self.qkv(h, rope)
         return self.finish(h, attn(self.self_attn.layer_idx, q, k, v))
 
-    def qkv(self, h: torch.Tensor, rope: CosSin, out: QKV | None = None) -> QKV:
+    def qkv(self, h: torch.Tensor, rope: Rope, out: QKV | None = None) -> QKV:
         """The first half of the layer, up to attention."""
         return self.self_attn.qkv(self.input_layernorm(h), rope, out)
 
     def finish(
         self, h: torch.Tensor, attn_out: torch.Tensor, out: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """The second half: output projection, residuals and MLP; ``out`` may alias ``h``."""
-        h = h + self.self_attn.o_proj(attn_out.reshape(h.shape[0], -1))
-        return torch.add(h, self.mlp(self.post_attention_layernorm(h)), out=out)
+        """The second half: output projection, residuals and MLP; ``out`` may alias ``h``. With
+        the fused kernels the first residual add updates ``h`` in place."""
+        o = self.self_attn.o_proj(attn_out.reshape(h.shape[0], -1))
+        norm = self.post_attention_layernorm
+        if norm.fused:
+            x = fused.add_rms_norm_(o, h, norm.weight, norm.eps)
+        else:
+            h = h + o
+            x = norm(h)
+        return torch.add(h, self.mlp(x), out=out)
 
 
 class Backbone(nn.Module):
@@ -122,6 +155,21 @@ class DecoderLM(nn.Module):
         """Share lm_head with embed_tokens when the config says so; call again after assigning weights."""
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    def use_fused_kernels(self) -> None:
+        """Run RMSNorm (with the post-attention residual add), RoPE and SiLU-and-mul on
+        FlashInfer's fused kernels and gate/up as one GEMM (CUDA, fp16/bf16; see ``fused.py``)."""
+        device = self.lm_head.weight.device
+        for m in self.modules():
+            if isinstance(m, RMSNorm):
+                m.fused = True
+            elif isinstance(m, MLP):
+                m.use_fused()
+        self.model.rotary_emb.use_fused(device)
+
+    @property
+    def fused(self) -> bool:
+        return self.model.norm.fused
 
     def forward_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttnFn) -> torch.Tensor:
         """input_ids, positions: [T] long -> hidden states [T, hidden] before the final norm."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
@@ -42,20 +44,59 @@ def apply_rope(
     )
 
 
+@dataclass(frozen=True)
+class Rope:
+    """What a forward pass rotates q and k with: HF's cos and signed-sin tables [T, 1, D], or, with
+    the fused kernels, the token positions and the fp32 cos|sin cache [max_pos, D]."""
+
+    cos: torch.Tensor | None = None
+    sin: torch.Tensor | None = None
+    positions: torch.Tensor | None = None
+    cache: torch.Tensor | None = None
+
+    def apply(
+        self, q: torch.Tensor, k: torch.Tensor, out: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotated q and k, written into ``out`` when given (the fused kernel rotates in place:
+        q and k may already be ``out``)."""
+        if self.cache is None:
+            return apply_rope(q, k, (self.cos, self.sin), out)
+        from . import fused
+
+        if out is not None:
+            q, k = (o if o is x else o.copy_(x) for o, x in zip(out, (q, k), strict=True))
+        fused.rope_(q, k, self.positions, self.cache)
+        return q, k
+
+
 class RotaryEmbedding(nn.Module):
     """Holds inv_freq outside the module's buffers, so meta construction and dtype casts leave it fp32."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self._inv_freq, self.attention_scaling = rope_frequencies(config)
+        self.max_positions = config.max_position_embeddings
+        self.cos_sin_cache: torch.Tensor | None = None  # set by use_fused(): the fused kernels run
+
+    def use_fused(self, device: torch.device) -> None:
+        """Rotate with FlashInfer's kernel from an fp32 cos|sin cache of every position."""
+        t = torch.arange(self.max_positions, dtype=torch.float32, device=device)
+        freqs = t[:, None] * self.inv_freq(device)[None, :]
+        self.cos_sin_cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1) * self.attention_scaling
 
     def inv_freq(self, device: torch.device) -> torch.Tensor:
         if self._inv_freq.device != device:
             self._inv_freq = self._inv_freq.to(device)
         return self._inv_freq
 
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and signed sin tables [T, 1, D] for token positions [T], once per forward pass."""
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> Rope:
+        """The rotation of token positions [T], once per forward pass."""
+        if self.cos_sin_cache is not None:
+            return Rope(positions=positions, cache=self.cos_sin_cache)
+        return Rope(*self.tables(positions, dtype))
+
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and signed sin tables [T, 1, D] for token positions [T]."""
         freqs = positions.to(torch.float32)[:, None] * self.inv_freq(positions.device)[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         cos = (emb.cos() * self.attention_scaling).to(dtype)[:, None, :]

@@ -24,7 +24,7 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from .. import metrics
-from ..engine import AUTO_POLICIES, Engine, EngineConfig
+from ..engine import AUTO_POLICIES, MODEL_KERNELS, Engine, EngineConfig
 from ..v1 import scorer_pb2, scorer_pb2_grpc
 from .batcher import BatchPolicy
 from .calls import Inflight, RequestIdFilter
@@ -65,6 +65,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=d.cuda_graph_max_tokens,
         help="on CUDA, forward passes up to this many tokens replay piecewise CUDA graphs captured at"
         " start-up (everything but attention); 0: always eager",
+    )
+    parser.add_argument(
+        "--model-kernels",
+        default=d.model_kernels,
+        choices=MODEL_KERNELS,
+        help="norm, RoPE and SiLU-and-mul: flashinfer (fused, fp32 inside), torch (HF's op order), or"
+        " auto (flashinfer with FlashInfer attention on CUDA)",
     )
     parser.add_argument(
         "--max-batch-tokens",
@@ -250,6 +257,7 @@ def _load_engine(args: argparse.Namespace) -> Engine:
         max_tokens_per_pass=args.max_batch_tokens,
         auto_policy=args.auto_policy,
         cuda_graph_max_tokens=args.cuda_graph_max_tokens,
+        model_kernels=args.model_kernels,
     )
     return ready_engine(args.model, args.attention_backend, args.device, DTYPES.get(args.dtype or ""), config)
 
