@@ -28,6 +28,7 @@ from scorer.attention.flashinfer import FlashInferBackend
 from scorer.config import ModelConfig
 from scorer.engine import Engine, EngineConfig
 from scorer.models.decoder import DecoderLM
+from scorer.models.graphs import GraphedDecoder
 from scorer.planning import Shape, check_plan, planner
 from scorer.schemes import UNGROUPED as SCHEMES
 
@@ -195,23 +196,36 @@ def run(
     repeats: int = 5,
     graph_max_tokens: int = 16384,
 ) -> dict:
-    model = build_model(device, layers)
+    model, reference = build_model(device, layers), build_model(device, layers)  # equal weights
     mc = model.config
     backend = FlashInferBackend(HeadSpec(mc.num_heads, mc.num_kv_heads, mc.head_dim, torch.bfloat16, device))
     config = EngineConfig(max_custom_mask_tokens=1 << 30, cuda_graph_max_tokens=graph_max_tokens)
-    engine = Engine(model, None, backend, config)
-    eager = Engine(model, None, backend, dataclasses.replace(config, cuda_graph_max_tokens=0))
+    engine = Engine(model, None, backend, config)  # the serving configuration: fused kernels, graphs
+    eager = Engine(
+        reference, None, backend, dataclasses.replace(config, cuda_graph_max_tokens=0, model_kernels="torch")
+    )
     result = {"env": environment(device), "model": {**QWEN3_06B, "num_hidden_layers": layers}}
     result["kernels"] = getattr(backend, "kernels", backend.name)
+    result["model_kernels"] = {"results": "flashinfer" if model.fused else "torch", "results_eager": "torch"}
     result["timing"] = "wall ms of Engine.forward, synchronised before and after; median of round-robin runs"
     result["graph_capture_s"] = engine.capture_graphs()
     result["graph_buckets"] = engine.graphs.buckets if engine.graphs else []
     counts = sorted({*result["graph_buckets"], *(n * graph_max_tokens for n in (2, 4) if layers == 28)})
-    result["gemm_curve"] = gemm_curve(engine.graphs or model, device, counts, mc.vocab_size)
-    result["gemm_curve_eager"] = gemm_curve(
-        model, device, EAGER_CURVE[: 3 if layers < 28 else None], mc.vocab_size
-    )
-    print("gemm curve, graphs", result["gemm_curve"], "\neager", result["gemm_curve_eager"], flush=True)
+    eager_counts = EAGER_CURVE[: 3 if layers < 28 else None]
+    curves = {
+        "graphs+fused": gemm_curve(engine.graphs or model, device, counts, mc.vocab_size),
+        "eager+fused": gemm_curve(model, device, eager_counts, mc.vocab_size),
+        "eager+torch": gemm_curve(reference, device, eager_counts, mc.vocab_size),
+    }
+    if device.type == "cuda" and graph_max_tokens:
+        torch_graphs = GraphedDecoder(reference, graph_max_tokens)
+        torch_graphs.warm_up()
+        curves["graphs+torch"] = gemm_curve(torch_graphs, device, counts, mc.vocab_size)
+        del torch_graphs
+    result["gemm_curve"] = curves["graphs+fused"]
+    result["gemm_curves"] = curves
+    for name, curve in curves.items():
+        print(f"forward without attention, {name}:", {n: round(t, 2) for n, t in curve.items()}, flush=True)
     result["cells"] = []
     for split, (p, s, m) in cells:
         cell = {"split": split, "P": p, "S": s, "M": m, "results": {}}

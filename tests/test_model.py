@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fused_reference import TorchFused
 from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
@@ -246,36 +247,6 @@ def test_graph_buckets_cover_every_count_with_bounded_padding(max_tokens: int) -
     for n in range(1, max_tokens + 1, 7):
         fit = next(x for x in b if x >= n)
         assert fit - n < max(16, n // 8 + 16)
-
-
-class TorchFused:
-    """fp32 torch stand-ins with the semantics of the FlashInfer kernels in scorer.models.fused
-    (documented by FlashInfer), so the fused wiring is checked on the CPU; the kernels themselves
-    are checked on the GPU (tests/gpu)."""
-
-    @staticmethod
-    def rms_norm(x, weight, eps, out=None):
-        x32 = x.float()
-        y = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
-        return y if out is None else out.copy_(y)
-
-    @staticmethod
-    def add_rms_norm_(x, residual, weight, eps):
-        residual.add_(x)
-        return x.copy_(TorchFused.rms_norm(residual, weight, eps))
-
-    @staticmethod
-    def silu_and_mul(x):
-        d = x.shape[-1] // 2
-        return torch.nn.functional.silu(x[..., :d]) * x[..., d:]
-
-    @staticmethod
-    def rope_(q, k, positions, cache):
-        half = q.shape[-1] // 2
-        cos, sin = cache[positions, None, :half], cache[positions, None, half:]
-        for x in (q, k):
-            x1, x2 = x[..., :half].float(), x[..., half:].float()
-            x.copy_(torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), -1))
 
 
 @pytest.mark.parametrize("case", ["qwen3-tied", "llama3-rope", "llama-attention-bias"])
