@@ -160,6 +160,8 @@ def run_grid(
     out: Path,
     deadline: float,
     device: torch.device,
+    prefixes: tuple[int, ...] = (),
+    tag: str = "",
 ) -> dict:
     runner = Runner(device)
     result = {"grid": grid, "env": environment(device), "heads": [HEADS, KV_HEADS, HEAD_DIM], "dtype": "fp16"}
@@ -167,6 +169,8 @@ def run_grid(
     result["cells"] = []
     g = torch.Generator(device=device).manual_seed(0)
     for p, s, m in GRIDS[grid]:
+        if prefixes and p not in prefixes:
+            continue
         if time.monotonic() > deadline:
             result["cells"].append({"P": p, "S": s, "M": m, "skipped": "time budget of the run"})
             continue
@@ -189,7 +193,7 @@ def run_grid(
         print(f"{grid} P={p} S={s} M={m}: best {min(timed, default=None)}", flush=True)
         del qkv
         torch.cuda.empty_cache()
-        write_json(out / f"kernels_{grid}.json", result)
+        write_json(out / f"kernels_{grid}{'_' + tag if tag else ''}.json", result)
     return result
 
 
@@ -202,10 +206,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--budget", type=float, default=1e9, help="seconds; later cells are skipped")
     ap.add_argument("--out", type=Path, default=Path("out"))
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--prefixes", default="", help="comma-separated P values: only these rows of the grid")
+    ap.add_argument("--tag", default="", help="suffix of the output file: kernels_GRID_TAG.json")
     a = ap.parse_args(argv)
+    prefixes = tuple(int(x) for x in a.prefixes.split(",") if x)
     kernels = tuple(k for k in a.kernels.split(",") if k)
     deadline = time.monotonic() + a.budget
-    run_grid(a.grid, kernels, a.cap, a.graphs, a.out, deadline, torch.device(a.device))
+    run_grid(a.grid, kernels, a.cap, a.graphs, a.out, deadline, torch.device(a.device), prefixes, a.tag)
 
 
 if __name__ == "__main__":

@@ -176,6 +176,20 @@ def _interp3(axes: list[np.ndarray], table: np.ndarray, x: tuple[float, float, f
 # ---- fitting and evaluation (offline, from the benchmarks' JSON) ----
 
 
+def merge_grids(runs: list[dict]) -> dict:
+    """One kernel grid from several runs (e.g. a later run of the rows a budget cut): per cell,
+    the union of the measured variants, later runs winning."""
+    cells: dict[tuple[int, int, int], dict] = {}
+    for run in runs:
+        for c in run["cells"]:
+            if "results" in c:
+                key = (c["P"], c["S"], c["M"])
+                old = cells.get(key, {"P": c["P"], "S": c["S"], "M": c["M"], "results": {}})
+                old["results"] = {**old["results"], **c["results"]}
+                cells[key] = old
+    return {**runs[0], "cells": list(cells.values())}
+
+
 def attention_table(kernels: dict, kernel: str = "fa3") -> dict:
     """Per scheme label, the log kernel ms on the wide grid (NaN where not measured)."""
     cells = [c for c in kernels["cells"] if "results" in c]
@@ -358,8 +372,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     sub = ap.add_subparsers(dest="cmd", required=True)
     f = sub.add_parser("fit", help="fit on the train shapes and write the model's data file")
-    f.add_argument("kernels_json", type=Path)
     f.add_argument("e2e_json", type=Path)
+    f.add_argument("kernels_json", type=Path, nargs="+", help="wide-grid runs; later files fill cells")
     f.add_argument("--out", type=Path, default=DATA)
     f.add_argument("--free-gemm", action="store_true", help="fit the GEMM coefficient b per scheme too")
     e = sub.add_parser("evaluate", help="auto vs the article's rule vs the fastest, held-out shapes")
@@ -369,7 +383,8 @@ def main(argv: list[str] | None = None) -> None:
     e.add_argument("--objective", choices=("latency", "forward"), default="latency")
     a = ap.parse_args(argv)
     if a.cmd == "fit":
-        kernels, e2e = json.loads(a.kernels_json.read_text()), json.loads(a.e2e_json.read_text())
+        kernels = merge_grids([json.loads(k.read_text()) for k in a.kernels_json])
+        e2e = json.loads(a.e2e_json.read_text())
         data = fit(kernels, e2e, fixed_gemm=not a.free_gemm)
         a.out.write_text(json.dumps(data, indent=1) + "\n")
         for name, c in data["fit"].items():
