@@ -156,15 +156,90 @@ def heatmap(
     plt.close(fig)
 
 
+def kernel_ratio_table(fa3: dict, fa2: dict) -> str:
+    """Per scheme over the wide grid: geometric mean of FA3 time / FA2 time and how often FA2 wins."""
+    a = {(c["P"], c["S"], c["M"]): timed(c["results"]) for c in fa3["cells"] if "results" in c}
+    b = {(c["P"], c["S"], c["M"]): timed(c["results"]) for c in fa2["cells"] if "results" in c}
+    ratios: dict[str, list[float]] = {}
+    for key, t2 in b.items():
+        for label, ms in t2.items():
+            other = a.get(key, {}).get(label.replace("/fa2", "/fa3"))
+            if other:
+                ratios.setdefault(label.split("/")[0], []).append(other / ms)
+    lines = ["| scheme | cells | FA3 ms / FA2 ms (geomean) | FA2 faster in |", "|---|---:|---:|---:|"]
+    for name, r in ratios.items():
+        g = math.exp(sum(map(math.log, r)) / len(r))
+        lines.append(f"| {name} | {len(r)} | {g:.2f} | {sum(x > 1 for x in r)} |")
+    return "\n".join(lines) + "\n"
+
+
+CURVE_ROWS = (16, 256, 1024, 2048, 4096, 8192, 16384, 65536)
+
+
+def curves_table(e2e: dict) -> str:
+    """The forward without attention in each configuration, at the nearest measured row count
+    at or above each of CURVE_ROWS (the graphs run padded to their bucket)."""
+    curves = e2e.get("gemm_curves") or {"graphs+fused": e2e["gemm_curve"]}
+    names = list(curves)
+    lines = ["| rows | " + " | ".join(names) + " |", "|---:" * (len(names) + 1) + "|"]
+    for n in CURVE_ROWS:
+        cells = []
+        for name in names:
+            pts = sorted((int(k), v) for k, v in curves[name].items())
+            at = next(((k, v) for k, v in pts if k >= n), None)
+            cells.append("-" if at is None else f"{at[1]:.2f}" + ("" if at[0] == n else f" ({at[0]})"))
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def eager_vs_graphs_table(e2e: dict) -> str:
+    """Held-out cells: the fastest scheme and the article's pick in session 1's configuration
+    (eager, HF op order) and in the serving one (graphs, fused kernels)."""
+    from scorer.planning import Shape, article_choice
+
+    lines = [
+        "| P | S | M | eager: fastest | ms | rule ms | graphs+fused: fastest | ms | rule ms | speed-up |",
+        "|---:|---:|---:|---|---:|---:|---|---:|---:|---:|",
+    ]
+    from scorer.planning.cost_model import CostModel, label
+
+    model, fastest, product = CostModel.load(), [], []
+    for c in e2e["cells"]:
+        if c.get("split") != "heldout" or "results_eager" not in c:
+            continue
+        shape = Shape(c["P"], (c["S"],) * c["M"])
+        rule, auto = article_choice(shape), label(*model.choose(shape))
+        e, g = timed(c["results_eager"], "forward_ms"), timed(c["results"], "forward_ms")
+        be, bg = min(e, key=e.get), min(g, key=g.get)
+        fastest.append(e[be] / g[bg])
+        product.append(e[rule] / g[auto])
+        lines.append(
+            f"| {c['P']} | {c['S']} | {c['M']} | {be} | {e[be]:.2f} | {fmt(e.get(rule), 2)} | {bg} | "
+            f"{g[bg]:.2f} | {fmt(g.get(rule), 2)} | {e[be] / g[bg]:.2f}x |"
+        )
+
+    def geomean(xs: list[float]) -> float:
+        return math.exp(sum(map(math.log, xs)) / len(xs))
+
+    lines.append(
+        f"\nGeometric mean over the {len(fastest)} cells: fastest scheme, eager -> graphs+fused "
+        f"{geomean(fastest):.2f}x; the article's rule on the eager forward -> calibrated auto on "
+        f"graphs+fused {geomean(product):.2f}x."
+    )
+    return "\n".join(lines) + "\n"
+
+
 def e2e_section(e2e: dict) -> str:
-    """The GEMM curve, the held-out evaluation (both objectives) and every cell's fastest scheme."""
+    """The forward without attention, eager vs graphs, the held-out evaluation (both objectives)
+    and every cell's fastest scheme."""
     from scorer.planning.cost_model import CostModel, evaluate, evaluation_markdown
 
     model = CostModel.load()
-    curve = " | ".join(
-        f"{int(k)}: {v:.1f}" for k, v in sorted(e2e["gemm_curve"].items(), key=lambda x: int(x[0]))
-    )
-    parts = [f"Forward without attention (rows: ms): {curve}\n"]
+    parts = [
+        "**Forward without attention (attention replaced by a copy), ms**\n\n" + curves_table(e2e),
+        "**Held-out shapes: eager with HF's op order vs CUDA graphs with fused kernels, forward ms**\n\n"
+        + eager_vs_graphs_table(e2e),
+    ]
     for objective in ("forward", "latency"):
         rows, summary = evaluate(e2e, model, "heldout", objective)
         parts.append(
@@ -189,9 +264,21 @@ def main(argv: list[str] | None = None) -> None:
         parts.append("## Article grid\n\n" + article_tables(d) + "\n" + best_table(d))
     wide = a.data / "kernels_wide.json"
     if wide.exists():
-        d = json.loads(wide.read_text())
-        parts.append("## Wide grid\n\n" + best_table(d))
-        heatmap([c for c in d["cells"] if "results" in c], "Kernel time, H200", a.out / "kernels_wide.png")
+        from scorer.planning.cost_model import merge_grids
+
+        fa3 = merge_grids(
+            [json.loads(p.read_text()) for p in (wide, a.data / "kernels_wide_p16384.json") if p.exists()]
+        )
+        parts.append("## Wide grid, FA3\n\n" + best_table(fa3))
+        heatmap(
+            [c for c in fa3["cells"] if "results" in c], "Kernel time, H200, FA3", a.out / "kernels_wide.png"
+        )
+        fa2_path = a.data / "kernels_wide_fa2.json"
+        if fa2_path.exists():
+            fa2 = json.loads(fa2_path.read_text())
+            both = merge_grids([fa3, fa2])
+            parts.append("## Wide grid, FA2 against FA3 per scheme\n\n" + kernel_ratio_table(fa3, fa2))
+            parts.append("## Wide grid, fastest of FA2 and FA3\n\n" + best_table(both))
     (a.out / "kernels.md").write_text("\n".join(parts))
     e2e_path = a.data / "e2e.json"
     if e2e_path.exists():

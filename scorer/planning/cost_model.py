@@ -184,9 +184,8 @@ def merge_grids(runs: list[dict]) -> dict:
         for c in run["cells"]:
             if "results" in c:
                 key = (c["P"], c["S"], c["M"])
-                old = cells.get(key, {"P": c["P"], "S": c["S"], "M": c["M"], "results": {}})
-                old["results"] = {**old["results"], **c["results"]}
-                cells[key] = old
+                old = cells.get(key, {})
+                cells[key] = {**old, **c, "results": {**old.get("results", {}), **c["results"]}}
     return {**runs[0], "cells": list(cells.values())}
 
 
