@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Capacity of one H200 replica serving a Qwen3-0.6B-shaped random checkpoint (28 layers, bf16):
+# the serving configuration (piecewise CUDA graphs, fused kernels) against session 1's (eager,
+# HF op order), both with scheme=auto, one open-loop sweep each. Server on cores 4-15, load
+# generator on cores 0-3.   bash scripts/gpu/sweep.sh [rates] [seconds per step]
+source scripts/gpu/env.sh
+RATES="${1:-50,100,200,300,400,600}"
+STEP="${2:-5}"
+CKPT=/tmp/ckpt/qwen3-0.6b-random
+[ -f "$CKPT/model.safetensors" ] || python3 -c "
+from pathlib import Path
+from bench.e2e import QWEN3_06B
+from scorer.models.tiny import write_random_checkpoint
+write_random_checkpoint(Path('$CKPT'), QWEN3_06B, std=0.02)"
+python3 -m loadtest.gen --out "$OUT/reqs.jsonl" --requests 2000 --docs 20 --prompt-tokens 200 \
+  --doc-tokens lognormal:60:0.5:256 --token-ids --seed 1
+for cfg in serving eager; do
+  extra=()
+  [ "$cfg" = eager ] && extra=(--cuda-graph-max-tokens 0 --model-kernels torch)
+  taskset -c 4-15 python3 -m scorer serve --model "$CKPT" --port 50051 --metrics-port 9464 "${extra[@]}" \
+    >"$OUT/server-$cfg.log" 2>&1 &
+  pid=$!
+  SERVER_PID=$pid python3 - <<'PY' || { tail -20 "$OUT/server-$cfg.log"; kill $pid; exit 1; }
+import os, time, grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+stub = health_pb2_grpc.HealthStub(grpc.insecure_channel("127.0.0.1:50051"))
+t0 = time.time()
+while time.time() - t0 < 240:
+    os.kill(int(os.environ["SERVER_PID"]), 0)  # raises when the server died
+    try:
+        if stub.Check(health_pb2.HealthCheckRequest(), timeout=2).status == health_pb2.HealthCheckResponse.SERVING:
+            print(f"serving after {time.time() - t0:.0f} s", flush=True)
+            raise SystemExit(0)
+    except grpc.RpcError:
+        pass
+    time.sleep(1)
+raise SystemExit("server not ready after 240 s")
+PY
+  taskset -c 0-3 python3 -m loadtest.run --target 127.0.0.1:50051 --requests "$OUT/reqs.jsonl" \
+    --sweep "$RATES" --schemes auto --duration "$STEP" --warmup 1 --pause 1 --deadline-ms 2000 \
+    --stop-when-saturated --quiet --metrics-url http://127.0.0.1:9464/metrics --out "$OUT/sweep-$cfg" \
+    2>&1 | tail -15
+  kill -TERM $pid
+  wait $pid
+done
