@@ -12,7 +12,7 @@ from pathlib import Path
 from bench.e2e import QWEN3_06B
 from scorer.models.tiny import write_random_checkpoint
 write_random_checkpoint(Path('$CKPT'), QWEN3_06B, std=0.02)"
-python3 -m loadtest.gen --out "$OUT/reqs.jsonl" --requests 2000 --docs 20 --prompt-tokens 200 \
+python3 -m loadtest.gen --out /tmp/reqs.jsonl --requests 2000 --docs 20 --prompt-tokens 200 \
   --doc-tokens lognormal:60:0.5:256 --token-ids --seed 1
 for cfg in serving eager; do
   extra=()
@@ -36,10 +36,12 @@ while time.time() - t0 < 240:
     time.sleep(1)
 raise SystemExit("server not ready after 240 s")
 PY
-  taskset -c 0-3 python3 -m loadtest.run --target 127.0.0.1:50051 --requests "$OUT/reqs.jsonl" \
+  taskset -c 0-3 python3 -m loadtest.run --target 127.0.0.1:50051 --requests /tmp/reqs.jsonl \
     --sweep "$RATES" --schemes auto --duration "$STEP" --warmup 1 --pause 1 --deadline-ms 2000 \
-    --stop-when-saturated --quiet --metrics-url http://127.0.0.1:9464/metrics --out "$OUT/sweep-$cfg" \
+    --stop-when-saturated --quiet --no-samples --metrics-url http://127.0.0.1:9464/metrics --out "$OUT/sweep-$cfg" \
     2>&1 | tail -15
   kill -TERM $pid
   wait $pid
 done
+# the device returns a handful of files: the reports and plots travel as one archive
+tar czf "$OUT/sweeps.tgz" -C "$OUT" sweep-serving sweep-eager && rm -r "$OUT/sweep-serving" "$OUT/sweep-eager"
