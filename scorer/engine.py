@@ -12,7 +12,9 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import chain
 
+import numpy as np
 import torch
 
 from .attention.base import AttentionBackend
@@ -258,20 +260,18 @@ def auto_policy(name: str, backend: str, device_type: str) -> Callable[[Shape], 
 
 
 def logical_tokens(batch: Sequence[Tokenized], device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token ids and positions of the batch's logical token space (see planning.base)."""
-    ids, pos = [], []
-    for t in batch:
-        p = len(t.prefix_ids)
-        ids.append(t.prefix_ids)
-        pos.append(range(p))
-        for item in t.items:
-            ids.append(item)
-            pos.append(range(p, p + len(item)))
-    flat_ids = [x for chunk in ids for x in chunk]
-    flat_pos = [x for chunk in pos for x in chunk]
+    """Token ids and positions of the batch's logical token space (see planning.base): each
+    request's prefix at positions 0.., then each of its items at positions P.. (vectorised: a
+    serving batch holds ~15k tokens)."""
+    chunks = [c for t in batch for c in (t.prefix_ids, *t.items)]
+    starts = [s for t in batch for s in (0, *(len(t.prefix_ids),) * len(t.items))]
+    lens = np.fromiter(map(len, chunks), dtype=np.int64, count=len(chunks))
+    ids = np.fromiter(chain.from_iterable(chunks), dtype=np.int64, count=int(lens.sum()))
+    first = np.cumsum(lens) - lens  # index of each chunk's first token
+    pos = np.arange(len(ids), dtype=np.int64) - np.repeat(first - np.asarray(starts, dtype=np.int64), lens)
     return (
-        torch.tensor(flat_ids, dtype=torch.long).to(device, non_blocking=True),
-        torch.tensor(flat_pos, dtype=torch.long).to(device, non_blocking=True),
+        torch.from_numpy(ids).to(device, non_blocking=True),
+        torch.from_numpy(pos).to(device, non_blocking=True),
     )
 
 
