@@ -5,8 +5,9 @@ Each batch is the oldest calls that fit the token budget, as the server's batche
 Stages, synchronised at each boundary: ``plan`` (resolve auto, planners, plan check), ``inputs``
 (token ids and positions to the device), ``issue`` (``Engine.forward`` returning: backend plans
 and every launch queued), ``device`` (the wait for the GPU after that), ``logprobs`` (LM head on
-the score rows, log-softmax, copy to the host) and ``results``. With ``--no-sync`` the batch
-runs as the server runs it, synchronising once, for the wall time per batch.
+the score rows, log-softmax, copy to the host) and ``results``. Then the same batches unstaged:
+``score_batch`` one at a time, and pipelined as the server runs them (batch k+1 launched before
+batch k is collected), for the time per batch.
 
     python -m loadtest.gen --out reqs.jsonl --requests 400 --docs 20 --prompt-tokens 200 \\
         --doc-tokens lognormal:60:0.5:256 --token-ids --seed 1
@@ -25,7 +26,7 @@ import torch
 from google.protobuf import json_format
 
 from scorer.attention import HeadSpec, make_backend
-from scorer.engine import Engine, EngineConfig, logical_tokens
+from scorer.engine import Engine, EngineConfig, logical_tokens, per_item
 from scorer.models.tiny import build_tokenizer
 from scorer.server.convert import request_from_proto
 from scorer.v1 import scorer_pb2 as pb
@@ -74,7 +75,7 @@ def staged(engine: Engine, batch: list) -> dict[str, float]:
     lap("issue", wait=False)
     lap("device")
     labels = [x.label_ids for x in ordered for _ in x.items]
-    logprobs = engine._label_logprobs(rows, labels)
+    logprobs = per_item(engine._label_logprobs(rows, labels).tolist(), labels)
     lap("logprobs")
     at = 0
     for pos, x in zip(order, ordered, strict=True):
@@ -114,6 +115,16 @@ def main(argv: list[str] | None = None) -> None:
         t0 = time.perf_counter()
         engine.score_batch(b)
         walls.append((time.perf_counter() - t0) * 1e3)
+    sync(device)
+    t0, waiting = time.perf_counter(), None
+    for b in todo[2:]:  # as the server runs them: the next batch launched before the last is collected
+        launched = engine.launch(b)
+        if waiting is not None:
+            waiting()
+        waiting = launched
+    if waiting is not None:
+        waiting()
+    pipelined = (time.perf_counter() - t0) * 1e3 / max(len(todo) - 2, 1)
     median = {s: statistics.median(r[s] for r in rows) for s in STAGES}
     result = {
         "env": environment(device),
@@ -123,6 +134,7 @@ def main(argv: list[str] | None = None) -> None:
         "stages_ms_median": median,
         "staged_total_ms": sum(median.values()),
         "score_batch_ms_median": statistics.median(walls),
+        "pipelined_ms_per_batch": pipelined,
         "model_kernels": "flashinfer" if model.fused else "torch",
         "backend": backend.name,
     }

@@ -159,21 +159,41 @@ class Engine:
         check_plan(plan, self.config.max_custom_mask_tokens)
         return plan, order, schemes
 
-    @torch.inference_mode()
     def score_batch(self, batch: Sequence[Tokenized]) -> list[ScoreResult]:
+        return self.launch(batch)()
+
+    @torch.inference_mode()
+    def launch(self, batch: Sequence[Tokenized]) -> Callable[[], list[ScoreResult]]:
+        """Start scoring a batch: plan it and queue all of its device work without waiting for
+        the device. Returns the function that waits for the scores and returns the results, in
+        batch order; a server starts the next batch before calling it, so that its planning
+        overlaps this batch's forward."""
         plan, order, schemes = self.plan(batch)
         ordered = [batch[i] for i in order]
         ids, positions = logical_tokens(ordered, self.device)
         rows = self.forward(plan, ids, positions)
         labels = [t.label_ids for t in ordered for _ in t.items]
-        logprobs = self._label_logprobs(rows, labels)
-        results: list[ScoreResult | None] = [None] * len(batch)
-        at = 0
-        for pos, t in zip(order, ordered, strict=True):
-            n = len(t.items)
-            results[pos] = self._result(t, schemes[pos], logprobs[at : at + n])
-            at += n
-        return results  # type: ignore[return-value]
+        picked = self._label_logprobs(rows, labels)
+        done = None
+        if picked.is_cuda:
+            host = torch.empty(picked.shape, dtype=picked.dtype, pin_memory=True)
+            picked = host.copy_(picked, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+
+        def collect() -> list[ScoreResult]:
+            if done is not None:
+                done.synchronize()
+            logprobs = per_item(picked.tolist(), labels)
+            results: list[ScoreResult | None] = [None] * len(batch)
+            at = 0
+            for pos, t in zip(order, ordered, strict=True):
+                n = len(t.items)
+                results[pos] = self._result(t, schemes[pos], logprobs[at : at + n])
+                at += n
+            return results  # type: ignore[return-value]
+
+        return collect
 
     def forward(self, plan: Plan, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Run every pass; returns the final hidden state of each item's last token, in plan order."""
@@ -202,19 +222,16 @@ class Engine:
         self.stats["lm_head_rows"] += len(out)
         return torch.stack([out[(r, i)] for r, locs in enumerate(plan.items) for i in range(len(locs))])
 
-    def _label_logprobs(self, rows: torch.Tensor, labels: list[tuple[int, ...]]) -> list[tuple[float, ...]]:
-        """Full-vocabulary log-probs of each item's label tokens, from its last hidden row."""
+    def _label_logprobs(self, rows: torch.Tensor, labels: list[tuple[int, ...]]) -> torch.Tensor:
+        """Full-vocabulary log-probs of each item's label tokens, from its last hidden row, flat
+        in item order (on the device, not waited for)."""
         logits = self.model.score_logits(rows).float()
         lse = torch.logsumexp(logits, dim=-1)
-        counts = torch.tensor([len(lab) for lab in labels], device=rows.device)
-        item = torch.repeat_interleave(torch.arange(len(labels), device=rows.device), counts)
-        label_ids = torch.tensor([x for lab in labels for x in lab], device=rows.device)
-        picked = (logits[item, label_ids] - lse[item]).tolist()
-        out, at = [], 0
-        for lab in labels:
-            out.append(tuple(picked[at : at + len(lab)]))
-            at += len(lab)
-        return out
+        item = [i for i, lab in enumerate(labels) for _ in lab]
+        item = torch.tensor(item, dtype=torch.long).to(rows.device, non_blocking=True)
+        label_ids = torch.tensor([x for lab in labels for x in lab], dtype=torch.long)
+        label_ids = label_ids.to(rows.device, non_blocking=True)
+        return logits[item, label_ids] - lse[item]
 
     def _result(self, t: Tokenized, scheme: str, logprobs: Sequence[tuple[float, ...]]) -> ScoreResult:
         mode = t.request.options.score_mode or "softmax"
@@ -273,6 +290,15 @@ def logical_tokens(batch: Sequence[Tokenized], device) -> tuple[torch.Tensor, to
         torch.from_numpy(ids).to(device, non_blocking=True),
         torch.from_numpy(pos).to(device, non_blocking=True),
     )
+
+
+def per_item(flat: Sequence[float], labels: Sequence[tuple[int, ...]]) -> list[tuple[float, ...]]:
+    """Cut the flat label log-probs of a batch into one tuple per item."""
+    out, at = [], 0
+    for lab in labels:
+        out.append(tuple(flat[at : at + len(lab)]))
+        at += len(lab)
+    return out
 
 
 def _logsumexp(xs: Sequence[float]) -> float:

@@ -12,7 +12,6 @@ replica serves the ``scorer_`` Prometheus metrics on its own port. See docs/ray.
 # No ``from __future__ import annotations``: Ray validates builder args by the annotation's class.
 
 import asyncio
-import dataclasses
 import logging
 import time
 from typing import Literal
@@ -33,7 +32,7 @@ from .server.batcher import BatchPolicy
 from .server.calls import Call, Inflight, RequestIdFilter, close_call, open_call
 from .server.convert import request_from_proto, response_to_proto
 from .server.interceptor import REQUEST_ID_KEY, status_for
-from .server.scoring import ScoringService, ready_engine
+from .server.scoring import ScoringService, engine_config, ready_engine
 from .v1 import scorer_pb2 as pb
 
 log = logging.getLogger("scorer.ray_serve")
@@ -85,17 +84,6 @@ class ScorerArgs(BaseModel):
     metrics_port_tries: int = 8
     """Replicas on one node take the next free port, up to this many from ``metrics_port``."""
     log_level: str = "INFO"
-
-    def engine_config(self) -> EngineConfig:
-        return dataclasses.replace(
-            _ENGINE,
-            max_docs=self.max_docs,
-            max_doc_tokens=self.max_doc_tokens,
-            max_tokens_per_pass=self.max_batch_tokens,
-            auto_policy=self.auto_policy,
-            cuda_graph_max_tokens=self.cuda_graph_max_tokens,
-            model_kernels=self.model_kernels,
-        )
 
     def batch_policy(self) -> BatchPolicy:
         return BatchPolicy(
@@ -220,7 +208,7 @@ def build_app(args: ScorerArgs) -> Application:
 def load_engine(args: ScorerArgs) -> Engine:
     """Build and warm up the engine on this replica's device, and label ``scorer_model_info``."""
     dtype = DTYPES[args.dtype] if args.dtype else None
-    return ready_engine(args.model_dir, args.attention_backend, args.device, dtype, args.engine_config())
+    return ready_engine(args.model_dir, args.attention_backend, args.device, dtype, engine_config(args))
 
 
 def _serve_metrics(args: ScorerArgs) -> tuple[WSGIServer | None, int]:

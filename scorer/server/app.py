@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import signal
 from pathlib import Path
@@ -30,7 +29,7 @@ from .batcher import BatchPolicy
 from .calls import Inflight, RequestIdFilter
 from .debug import DebugKnobs
 from .interceptor import CallInterceptor
-from .scoring import ScoringService, ready_engine
+from .scoring import ScoringService, engine_config, ready_engine
 from .servicer import ScorerServicer
 
 log = logging.getLogger("scorer.server")
@@ -250,16 +249,8 @@ async def _load_or_stop(args: argparse.Namespace, signals: _Signals) -> Engine |
 
 
 def _load_engine(args: argparse.Namespace) -> Engine:
-    config = dataclasses.replace(
-        EngineConfig(),
-        max_docs=args.max_docs,
-        max_doc_tokens=args.max_doc_tokens,
-        max_tokens_per_pass=args.max_batch_tokens,
-        auto_policy=args.auto_policy,
-        cuda_graph_max_tokens=args.cuda_graph_max_tokens,
-        model_kernels=args.model_kernels,
-    )
-    return ready_engine(args.model, args.attention_backend, args.device, DTYPES.get(args.dtype or ""), config)
+    dtype = DTYPES.get(args.dtype or "")
+    return ready_engine(args.model, args.attention_backend, args.device, dtype, engine_config(args))
 
 
 async def _shut_down(

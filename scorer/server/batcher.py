@@ -1,10 +1,12 @@
 """Cross-request batching: concurrent calls merged into one forward batch under a token budget.
 
 A call waits in a bounded FIFO queue. A batch is cut when the queued calls fill the token budget
-or when the oldest queued call has waited ``max_wait_s``; it runs on one worker thread, so the
-event loop keeps answering health checks and accepting calls while the model computes. A call
-whose deadline passed or that was cancelled while queued is dropped without compute. A batch that
-fails (out of memory above all) is retried one call at a time, so only the failing call fails.
+or when the oldest queued call has waited ``max_wait_s``; it is launched on one worker thread (the
+host planning and the queuing of its device work) and waited for on another, so the event loop
+keeps answering health checks and accepting calls while the model computes, and the next batch is
+planned while the device still runs this one (``IN_FLIGHT`` batches at most). A call whose
+deadline passed or that was cancelled while queued is dropped without compute. A batch that fails
+(out of memory above all) is retried one call at a time, so only the failing call fails.
 
 Under overload, work spent on a call that will miss its deadline anyway is what makes goodput
 collapse. The batcher keeps a model of forward time (a fixed cost plus a cost per token, fitted
@@ -33,7 +35,9 @@ from ..request import Tokenized
 
 log = logging.getLogger(__name__)
 
-ScoreFn = Callable[[Sequence[Tokenized]], list[ScoreResult]]
+ScoreFn = Callable[[Sequence[Tokenized]], Callable[[], list[ScoreResult]]]
+"""Starts a batch and returns the function that waits for its results (``Engine.launch``)."""
+IN_FLIGHT = 2
 
 
 class QueueFull(Exception):
@@ -123,6 +127,9 @@ class Batcher:
         self._closing = False
         self._task: asyncio.Task | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
+        self._waiter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="collect")
+        self._slots = asyncio.Semaphore(IN_FLIGHT)  # batches launched and not yet settled
+        self._collecting: set[asyncio.Task] = set()
         self._forward_time = ForwardTimeModel()
 
     def start(self) -> None:
@@ -134,7 +141,9 @@ class Batcher:
         self._arrived.set()
         if self._task is not None:
             await self._task
+        await asyncio.gather(*self._collecting, return_exceptions=True)
         self._executor.shutdown(wait=True)
+        self._waiter.shutdown(wait=True)
 
     @property
     def depth(self) -> int:
@@ -189,15 +198,15 @@ class Batcher:
                 self._arrived.clear()
                 await self._arrived.wait()
                 continue
+            await self._slots.acquire()
             await self._fill()
             batch = self._take()
-            if batch:
-                try:
-                    await self._forward(batch)
-                except Exception as exc:  # the loop must outlive any batch
-                    log.exception("batch of %d requests failed outside the forward", len(batch))
-                    for job in batch:
-                        _settle(job, exc)
+            try:
+                await self._launch(batch)  # gives the slot back once the batch is settled
+            except Exception as exc:  # the loop must outlive any batch
+                log.exception("batch of %d requests failed outside the forward", len(batch))
+                for job in batch:
+                    _settle(job, exc)
 
     async def _fill(self) -> None:
         """Wait until the queue fills the token budget or its oldest call has waited max_wait_s."""
@@ -254,30 +263,69 @@ class Batcher:
         predicted = self._forward_time.predict(tokens)
         return predicted is not None and deadline is not None and now + predicted > deadline
 
-    async def _forward(self, batch: list[_Job]) -> None:
+    async def _launch(self, batch: list[_Job]) -> None:
         batch = [job for job in batch if not job.future.done()]
         if not batch:
+            self._slots.release()
             return
         metrics.BATCH_REQUESTS.observe(len(batch))
         metrics.BATCH_TOKENS.observe(sum(j.tokens for j in batch))
         started = time.monotonic()
         loop = asyncio.get_running_loop()
         try:
-            results = await loop.run_in_executor(self._executor, self._score, [j.tokenized for j in batch])
+            collect = await loop.run_in_executor(self._executor, self._score, [j.tokenized for j in batch])
         except Exception as exc:
-            out_of_memory = isinstance(exc, torch.OutOfMemoryError)
-            if out_of_memory:
-                _release_cached_memory()
-            if len(batch) == 1:
-                _settle(batch[0], OutOfMemory(str(exc)) if out_of_memory else exc)
-                return
-            if out_of_memory:
-                metrics.OOM_RETRIES.inc()
-            ids = ", ".join(j.request_id for j in batch)
-            log.warning("batch [%s] failed (%s: %s); retrying each alone", ids, type(exc).__name__, exc)
-            for job in batch:
-                await self._forward([job])
+            try:
+                await self._failed(batch, exc)
+            finally:
+                self._slots.release()
             return
+        task = loop.create_task(self._collect(batch, collect, started))
+        self._collecting.add(task)
+        task.add_done_callback(self._collecting.discard)
+
+    async def _collect(self, batch: list[_Job], collect: Callable[[], list[ScoreResult]], started: float):
+        try:
+            results = await asyncio.get_running_loop().run_in_executor(self._waiter, collect)
+        except Exception as exc:
+            log.exception("batch of %d requests failed on the device", len(batch))
+            for job in batch:
+                _settle(job, exc)
+            return
+        finally:
+            self._slots.release()
+        self._finish(batch, results, started)
+
+    async def _failed(self, batch: list[_Job], exc: Exception) -> None:
+        """A batch whose launch raised: out of memory or a fault of one call; retry each alone."""
+        out_of_memory = isinstance(exc, torch.OutOfMemoryError)
+        if out_of_memory:
+            _release_cached_memory()
+        if len(batch) == 1:
+            _settle(batch[0], OutOfMemory(str(exc)) if out_of_memory else exc)
+            return
+        if out_of_memory:
+            metrics.OOM_RETRIES.inc()
+        ids = ", ".join(j.request_id for j in batch)
+        log.warning("batch [%s] failed (%s: %s); retrying each alone", ids, type(exc).__name__, exc)
+        loop = asyncio.get_running_loop()
+        for job in batch:
+            if job.future.done():
+                continue
+            started = time.monotonic()
+            try:
+                results = await loop.run_in_executor(
+                    self._executor, lambda j=job: self._score([j.tokenized])()
+                )
+            except Exception as alone:
+                if isinstance(alone, torch.OutOfMemoryError):
+                    _release_cached_memory()
+                    alone = OutOfMemory(str(alone))
+                _settle(job, alone)
+                continue
+            self._finish([job], results, started)
+
+    def _finish(self, batch: list[_Job], results: list[ScoreResult], started: float) -> None:
         forward_s = time.monotonic() - started
         self._forward_time.observe(sum(j.tokens for j in batch), forward_s)
         for job, result in zip(batch, results, strict=True):

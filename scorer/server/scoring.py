@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from .. import metrics
@@ -61,10 +61,10 @@ class ScoringService:
         metrics.observe_usage(scored.result.scheme, len(t.items), usage.tokens_computed, usage.tokens_saved)
         return scored
 
-    def _score_counting_passes(self, batch: Sequence[Tokenized]) -> list[ScoreResult]:
+    def _score_counting_passes(self, batch: Sequence[Tokenized]) -> Callable[[], list[ScoreResult]]:
         before = self.engine.stats["forward_passes"]
         try:
-            return self.engine.score_batch(batch)
+            return self.engine.launch(batch)
         finally:
             metrics.FORWARD_PASSES.inc(self.engine.stats["forward_passes"] - before)
 
@@ -74,6 +74,19 @@ def warm_up(engine: Engine) -> None:
     docs = (Doc("warm-up document", "a"), Doc("another warm-up document", "b"))
     for scheme in PLANNERS:
         engine.score(ScoreRequest("warm-up query", docs, options=ScoreOptions(scheme=scheme)))
+
+
+def engine_config(args) -> EngineConfig:
+    """The engine settings among a server's arguments: ``scorer serve``'s flags or a Ray
+    replica's ``ScorerArgs`` (the same names)."""
+    return EngineConfig(
+        max_docs=args.max_docs,
+        max_doc_tokens=args.max_doc_tokens,
+        max_tokens_per_pass=args.max_batch_tokens,
+        auto_policy=args.auto_policy,
+        cuda_graph_max_tokens=args.cuda_graph_max_tokens,
+        model_kernels=args.model_kernels,
+    )
 
 
 def ready_engine(

@@ -150,16 +150,19 @@ def test_layer_loop_runs_without_host_sync(gpu_engine, scheme, graphed):
     torch.cuda.synchronize()
 
 
-def test_engine_forward_runs_without_host_sync(gpu_engine):
-    batch = [gpu_engine.tokenize(q) for q in requests("cascade", seed=6, n=2)]
-    plan, order, _ = gpu_engine.plan(batch)
-    ids, positions = logical_tokens([batch[i] for i in order], gpu_engine.device)
-    with torch.inference_mode():
-        gpu_engine.forward(plan, ids, positions)
+@pytest.mark.parametrize("scheme", ["cascade", "auto"])
+def test_engine_launch_runs_without_host_sync(gpu_engine, scheme):
+    """Planning, inputs, every pass, the LM head and the copy of the scores to the host are all
+    queued without waiting for the device: the server plans the next batch meanwhile."""
+    batch = [gpu_engine.tokenize(q) for q in requests(scheme, seed=6, n=2)]
+    expected = [[d.score for d in r.results] for r in gpu_engine.score_batch(batch)]
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        with torch.inference_mode():
-            gpu_engine.forward(plan, ids, positions)
+        collect = gpu_engine.launch(batch)
     finally:
         torch.cuda.set_sync_debug_mode(0)
+    got = [[d.score for d in r.results] for r in collect()]
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected, strict=True):
+        assert g == pytest.approx(e, abs=1e-5)

@@ -32,12 +32,13 @@ class FakeForward:
         self.oom_above = oom_above
         self.delay_s = delay_s
 
-    def __call__(self, batch: Sequence[Tokenized]) -> list[ScoreResult]:
+    def __call__(self, batch: Sequence[Tokenized]):
         time.sleep(self.delay_s)
         if self.oom_above and sum(tokens_of(t) for t in batch) > self.oom_above:
             raise torch.OutOfMemoryError("fake")
         self.batches.append([t.request.prompt for t in batch])
-        return [ScoreResult((), "ragged", Usage(0, 0, tokens_of(t), 0)) for t in batch]
+        results = [ScoreResult((), "ragged", Usage(0, 0, tokens_of(t), 0)) for t in batch]
+        return lambda: results
 
 
 def run(scenario) -> None:
@@ -139,3 +140,31 @@ def test_a_full_queue_refuses_at_once_and_close_finishes_what_is_queued():
 
     run(scenario)
     assert sorted(sum(forward.batches, [])) == ["blocker", "q0", "q1"]
+
+
+def test_the_next_batch_is_launched_while_the_last_one_is_collected():
+    """Two batches in flight at most: batch 1 launches before batch 0's results are in, batch 2
+    only once they are."""
+    events: list[tuple[str, str]] = []
+
+    def launch(batch: Sequence[Tokenized]):
+        name = batch[0].request.prompt
+        events.append(("launch", name))
+
+        def collect():
+            time.sleep(0.2)
+            events.append(("collected", name))
+            return [ScoreResult((), "ragged", Usage(0, 0, tokens_of(t), 0)) for t in batch]
+
+        return collect
+
+    async def scenario():
+        batcher = Batcher(launch, tokens_of, BatchPolicy(max_batch_tokens=100, max_wait_s=0))
+        batcher.start()
+        await asyncio.gather(*(batcher.submit(call(100, f"c{i}"), None, f"c{i}") for i in range(3)))
+        await batcher.close()
+
+    run(scenario)
+    assert events.index(("launch", "c1")) < events.index(("collected", "c0"))
+    assert events.index(("collected", "c0")) < events.index(("launch", "c2"))
+    assert len(events) == 6
