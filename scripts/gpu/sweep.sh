@@ -2,7 +2,7 @@
 # Capacity of one H200 replica serving a Qwen3-0.6B-shaped random checkpoint (28 layers, bf16):
 # the serving configuration (piecewise CUDA graphs, fused kernels) against session 1's (eager,
 # HF op order), both with scheme=auto, one open-loop sweep each. Server on cores 4-15, load
-# generator on cores 0-3.   bash scripts/gpu/sweep.sh [rates] [seconds per step]
+# generator on cores 0-3.   bash scripts/gpu/sweep.sh [rates] [seconds per step] [configs]
 source scripts/gpu/env.sh
 RATES="${1:-50,100,200,300,400,600}"
 STEP="${2:-5}"
@@ -14,7 +14,7 @@ from scorer.models.tiny import write_random_checkpoint
 write_random_checkpoint(Path('$CKPT'), QWEN3_06B, std=0.02)"
 python3 -m loadtest.gen --out /tmp/reqs.jsonl --requests 2000 --docs 20 --prompt-tokens 200 \
   --doc-tokens lognormal:60:0.5:256 --token-ids --seed 1
-for cfg in serving eager; do
+for cfg in ${3:-serving eager}; do
   extra=()
   [ "$cfg" = eager ] && extra=(--cuda-graph-max-tokens 0 --model-kernels torch)
   taskset -c 4-15 python3 -m scorer serve --model "$CKPT" --port 50051 --metrics-port 9464 "${extra[@]}" \
@@ -44,4 +44,4 @@ PY
   wait $pid
 done
 # the device returns a handful of files: the reports and plots travel as one archive
-tar czf "$OUT/sweeps.tgz" -C "$OUT" sweep-serving sweep-eager && rm -r "$OUT/sweep-serving" "$OUT/sweep-eager"
+(cd "$OUT" && tar czf sweeps.tgz sweep-* && rm -r sweep-*/)
