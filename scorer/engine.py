@@ -7,6 +7,7 @@ Only the rows that score an item reach the LM head.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -25,6 +26,7 @@ from .planning import Plan, Shape, article_choice, check_plan, combine, planner
 from .planning.split import split_to_budget
 from .request import InvalidInput, Limits, ScoreRequest, Tokenized, tokenize
 
+log = logging.getLogger(__name__)
 AUTO_POLICIES = ("default", "calibrated", "article", "ragged")
 MODEL_KERNELS = ("auto", "torch", "flashinfer")
 
@@ -99,8 +101,19 @@ class Engine:
 
     def capture_graphs(self) -> float:
         """Capture the CUDA graphs of every token bucket (seconds taken; 0 without graphs). Until
-        then every forward runs eagerly."""
-        return self.graphs.warm_up() if self.graphs is not None else 0.0
+        then every forward runs eagerly; so does every forward when the capture runs out of
+        memory (logged: lower ``cuda_graph_max_tokens``)."""
+        if self.graphs is None:
+            return 0.0
+        try:
+            return self.graphs.warm_up()
+        except torch.OutOfMemoryError as e:
+            log.warning(
+                "CUDA graphs up to %d tokens do not fit (%s); forwards run eagerly", self.graphs.max_tokens, e
+            )
+            self.graphs = None
+            torch.cuda.empty_cache()
+            return 0.0
 
     def tokenize(self, req: ScoreRequest) -> Tokenized:
         t = tokenize(req, self.tokenizer, self.limits)

@@ -267,3 +267,21 @@ def test_graph_segments_over_padded_buckets_score_as_the_eager_model(engine, gra
     assert stats["graphed_forwards"] + stats["eager_forwards"] == graphed.stats["forward_passes"]
     if graphed.num_tokens(graphed.tokenize(request)) <= 128:
         assert stats["eager_forwards"] == 0
+
+
+def test_graphs_that_do_not_fit_leave_the_engine_eager(engine, monkeypatch, caplog):
+    from scorer.engine import Engine
+    from scorer.models.graphs import GraphedDecoder
+
+    g = Engine(engine.model, engine.tokenizer, engine.backend, engine.config)
+    g.graphs = GraphedDecoder(engine.model, 64, capture=False)
+
+    def no_memory():
+        raise torch.OutOfMemoryError("fake")
+
+    monkeypatch.setattr(g.graphs, "warm_up", no_memory)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    assert g.capture_graphs() == 0.0 and g.graphs is None
+    assert "forwards run eagerly" in caplog.text
+    request = ids_request([1, 2, 3], [[4, 5], [6]], "ragged")
+    torch.testing.assert_close(logprobs(g.score(request)), logprobs(engine.score(request)), atol=1e-6, rtol=0)
