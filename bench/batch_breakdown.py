@@ -77,10 +77,7 @@ def staged(engine: Engine, batch: list) -> dict[str, float]:
     labels = [x.label_ids for x in ordered for _ in x.items]
     logprobs = per_item(engine._label_logprobs(rows, labels).tolist(), labels)
     lap("logprobs")
-    at = 0
-    for pos, x in zip(order, ordered, strict=True):
-        engine._result(x, schemes[pos], logprobs[at : at + len(x.items)])
-        at += len(x.items)
+    engine._results(order, ordered, schemes, logprobs)
     lap("results")
     return times
 

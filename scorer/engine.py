@@ -197,16 +197,26 @@ class Engine:
         def collect() -> list[ScoreResult]:
             if done is not None:
                 done.synchronize()
-            logprobs = per_item(picked.tolist(), labels)
-            results: list[ScoreResult | None] = [None] * len(batch)
-            at = 0
-            for pos, t in zip(order, ordered, strict=True):
-                n = len(t.items)
-                results[pos] = self._result(t, schemes[pos], logprobs[at : at + n])
-                at += n
-            return results  # type: ignore[return-value]
+            return self._results(order, ordered, schemes, per_item(picked.tolist(), labels))
 
         return collect
+
+    def _results(
+        self,
+        order: list[int],
+        ordered: list[Tokenized],
+        schemes: list[str],
+        logprobs: list[tuple[float, ...]],
+    ) -> list[ScoreResult]:
+        """Each request's result, in batch order, from the label log-probs of every item in plan
+        order."""
+        results: list[ScoreResult | None] = [None] * len(order)
+        at = 0
+        for pos, t in zip(order, ordered, strict=True):
+            n = len(t.items)
+            results[pos] = self._result(t, schemes[pos], logprobs[at : at + n])
+            at += n
+        return results  # type: ignore[return-value]
 
     def forward(self, plan: Plan, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Run every pass; returns the final hidden state of each item's last token, in plan order."""
