@@ -130,9 +130,11 @@ def reconcile(client: dict, server: ServerCounts) -> dict:
         k: {"client": c, "server": s, "diff": s - c, "match": abs(s - c) < 1e-6} for k, (c, s) in rows.items()
     }
     matched = all(r["match"] for r in table.values())
+    verdict = "match" if matched else _explain(table, client_codes, server_codes)
     return {
         "matched": matched,
-        "verdict": "match" if matched else _explain(table, client_codes, server_codes),
+        "explained": verdict != "do not match",
+        "verdict": verdict,
         "rows": table,
         "server_requests_by_code": server.requests_by_code,
         "server_errors_by_code": server.errors_by_code,

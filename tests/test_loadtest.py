@@ -207,7 +207,12 @@ def test_metrics_parse_and_reconcile() -> None:
         "match": True,
     }
     client["docs_ok"] = 33
-    assert not lm.reconcile(client, counts)["matched"]
+    rec = lm.reconcile(client, counts)
+    assert not rec["matched"] and not rec["explained"], rec
+    # one call answered OK on the server just after the client's deadline: explained, not matched
+    late = {"requests": 12, "failed": 3, "by_code": {"OK": 9, "DEADLINE_EXCEEDED": 3}, "docs_ok": 27}
+    rec = lm.reconcile(late, counts)
+    assert not rec["matched"] and rec["explained"] and "1 call(s)" in rec["verdict"], rec
 
 
 # --- against the stub server --------------------------------------------------------------------
@@ -332,4 +337,5 @@ def test_overload_of_the_embedded_server_is_reported_honestly(server: dict, tmp_
     assert sat["saturated"], rep
     assert rep["by_code"].get("RESOURCE_EXHAUSTED", 0) > 0 or any("rising" in r for r in sat["reasons"])
     assert rep["achieved_rps"] < 0.5 * rep["offered_rps"]
-    assert rep["server"]["matched"], rep["server"]
+    # a call may end on the server a hair inside its deadline and reach the client after it
+    assert rep["server"]["matched"] or rep["server"]["explained"], rep["server"]
