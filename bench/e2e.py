@@ -4,16 +4,20 @@ A scheme changes both the attention kernels and the number of tokens through the
 recomputes the prompt for every doc), so the cost model is fitted to these times, not to the
 kernel table. ``forward_ms`` is the wall time of ``Engine.forward`` (backend ``plan()`` of every
 pass, 28 layers, the score rows), synchronised before and after, with the engine's piecewise CUDA
-graphs (``results``; the held-out shapes also eager, ``results_eager``, side by side); the Python
-planner is timed apart (``planner_ms``). The shapes are fixed here, before any fit: ``TRAIN`` for
-fitting, ``HELDOUT`` (the article's eight cells and thirteen off-grid ones) only for evaluation.
+graphs (``results``); the held-out shapes also in the configurations named by ``--compare``, side
+by side: ``results_eager`` (eager forward, HF's op order) and ``results_fa2`` (the serving
+configuration on FA2 kernels instead of FA3). The Python planner is timed apart (``planner_ms``).
+The shapes are fixed here, before any fit: ``TRAIN`` for fitting, ``HELDOUT`` (the article's
+eight cells and thirteen off-grid ones) only for evaluation.
 
     python -m bench.e2e --out out/
+    python -m bench.e2e --split heldout --compare fa2 --out out/
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import gc
 import statistics
@@ -195,6 +199,7 @@ def run(
     device: torch.device,
     repeats: int = 5,
     graph_max_tokens: int = 16384,
+    compare: tuple[str, ...] = ("eager",),
 ) -> dict:
     model, reference = build_model(device, layers), build_model(device, layers)  # equal weights
     mc = model.config
@@ -204,7 +209,14 @@ def run(
     eager = Engine(
         reference, None, backend, dataclasses.replace(config, cuda_graph_max_tokens=0, model_kernels="torch")
     )
+    others = {}
+    if "eager" in compare:
+        others["results_eager"] = eager
+    if "fa2" in compare:
+        others["results_fa2"] = copy.copy(engine)  # the same model and graphs, FA2 attention
+        others["results_fa2"].backend = FlashInferBackend(backend.spec, kernels="fa2", fallback=False)
     result = {"env": environment(device), "model": {**QWEN3_06B, "num_hidden_layers": layers}}
+    result["compare"] = list(others)
     result["kernels"] = getattr(backend, "kernels", backend.name)
     result["model_kernels"] = {"results": "flashinfer" if model.fused else "torch", "results_eager": "torch"}
     result["timing"] = "wall ms of Engine.forward, synchronised before and after; median of round-robin runs"
@@ -237,8 +249,9 @@ def run(
         ids, pos = shape_inputs(shape, mc.vocab_size, device)
         cell["results"] = measure_cell(engine, shape, ids, pos, repeats)
         if split == "heldout":
-            cell["results_eager"] = measure_cell(eager, shape, ids, pos, repeats)
-        for key in ("results", "results_eager"):
+            for key, other in others.items():
+                cell[key] = measure_cell(other, shape, ids, pos, repeats)
+        for key in ("results", *others):
             timed = [(r["forward_ms"], k) for k, r in cell.get(key, {}).items() if "forward_ms" in r]
             if timed:
                 print(f"{split} P={p} S={s} M={m} {key}: best {min(timed)}", flush=True)
@@ -255,6 +268,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--graph-max-tokens", type=int, default=16384, help="0: eager forwards only")
+    ap.add_argument("--compare", default="eager", help="held-out cells also in: eager, fa2 (comma-separated)")
     a = ap.parse_args(argv)
     if a.smoke:
         cells = [("smoke", c) for c in SMOKE]
@@ -263,7 +277,8 @@ def main(argv: list[str] | None = None) -> None:
         cells += [("train", c) for c in TRAIN if a.split in ("all", "train")]
     layers = 2 if a.smoke else QWEN3_06B["num_hidden_layers"]
     deadline = time.monotonic() + a.budget
-    run(cells, layers, a.out, deadline, torch.device(a.device), a.repeats, a.graph_max_tokens)
+    compare = tuple(x for x in a.compare.split(",") if x)
+    run(cells, layers, a.out, deadline, torch.device(a.device), a.repeats, a.graph_max_tokens, compare)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,10 @@ host wall time; ``planner_ms``: the Python planner). Times are device times from
 
     python -m bench.kernels --grid article --out out/        # 10 warm-ups, 100 timed runs
     python -m bench.kernels --grid wide --cap 0.1 --out out/ # ~120 log-spaced cells, capped
+    python -m bench.kernels --grid article --page-sizes 1,16,64 --tag pages --out out/
+
+With ``--page-sizes`` every variant also runs on K/V copied into pages of that size
+(``bench.paging``; the copy is made before timing), labelled ``scheme/kernel/pN``.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from scorer.attention.flashinfer import FlashInferBackend
 from scorer.planning import Plan, Shape, article_choice, check_plan, planner
 from scorer.schemes import UNGROUPED as SCHEMES
 
+from .paging import to_pages
 from .timing import environment, time_gpu, time_host, write_json
 
 HEADS, KV_HEADS, HEAD_DIM = 16, 8, 128
@@ -50,22 +55,25 @@ class Variant:
     scheme: str
     group: int
     kernel: str
+    page: int = 1
 
     @property
     def label(self) -> str:
         name = f"grouped:{self.group}" if self.scheme == "grouped" else self.scheme
-        return f"{name}/{self.kernel}"
+        return f"{name}/{self.kernel}" + (f"/p{self.page}" if self.page != 1 else "")
 
     def planner(self):
         return planner(self.scheme, self.group or 8)
 
 
-def variants(kernels: tuple[str, ...], m: int) -> list[Variant]:
+def variants(kernels: tuple[str, ...], m: int, pages: tuple[int, ...] = (1,)) -> list[Variant]:
     out = []
-    for k in kernels:
-        out += [Variant(s, 0, k) for s in SCHEMES if s != "custom_mask"]
-        out += [Variant("grouped", g, k) for g in GROUP_SIZES if g < m]
-    return out + [Variant("custom_mask", 0, "fa2")]
+    for page in pages:
+        for k in kernels:
+            out += [Variant(s, 0, k, page) for s in SCHEMES if s != "custom_mask"]
+            out += [Variant("grouped", g, k, page) for g in GROUP_SIZES if g < m]
+        out.append(Variant("custom_mask", 0, "fa2", page))
+    return out
 
 
 def skip_reason(v: Variant, shape: Shape, grid: str) -> str | None:
@@ -110,6 +118,9 @@ class Runner:
         check_plan(plan, 1 << 30)
         planner_ms = (time.perf_counter() - t0) * 1e3
         passes = self.inputs(plan, qkv)
+        if v.page != 1:
+            paged = [(to_pages(p, v.page), q, k, vv) for p, q, k, vv in passes]
+            passes = [(pp.pass_, q, pp.pool(k, v.page), pp.pool(vv, v.page)) for pp, q, k, vv in paged]
         backends = [self.backend(v.kernel, i) for i in range(len(passes))]
 
         def plan_all():
@@ -132,6 +143,7 @@ class Runner:
             "calls": plan.num_attention_calls,
             "passes": len(plan.passes),
             "rows": plan.num_slots,
+            "page_size": v.page,
         }
         if graphs:
             rec["graph"] = self._graph_timing(run, article, cap)
@@ -162,6 +174,7 @@ def run_grid(
     device: torch.device,
     prefixes: tuple[int, ...] = (),
     tag: str = "",
+    pages: tuple[int, ...] = (1,),
 ) -> dict:
     runner = Runner(device)
     result = {"grid": grid, "env": environment(device), "heads": [HEADS, KV_HEADS, HEAD_DIM], "dtype": "fp16"}
@@ -178,7 +191,7 @@ def run_grid(
         n = shape.num_tokens
         qkv = [torch.randn(n, h, HEAD_DIM, generator=g, device=device, dtype=DTYPE) for h in (16, 8, 8)]
         cell = {"P": p, "S": s, "M": m, "article_choice": article_choice(shape), "results": {}}
-        for v in variants(kernels, m):
+        for v in variants(kernels, m, pages):
             why = skip_reason(v, shape, grid)
             if why:
                 cell["results"][v.label] = {"skipped": why}
@@ -208,11 +221,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--prefixes", default="", help="comma-separated P values: only these rows of the grid")
     ap.add_argument("--tag", default="", help="suffix of the output file: kernels_GRID_TAG.json")
+    ap.add_argument("--page-sizes", default="1", help="comma-separated; K/V copied into pages of each")
     a = ap.parse_args(argv)
     prefixes = tuple(int(x) for x in a.prefixes.split(",") if x)
     kernels = tuple(k for k in a.kernels.split(",") if k)
     deadline = time.monotonic() + a.budget
-    run_grid(a.grid, kernels, a.cap, a.graphs, a.out, deadline, torch.device(a.device), prefixes, a.tag)
+    pages = tuple(int(x) for x in a.page_sizes.split(",") if x)
+    dev = torch.device(a.device)
+    run_grid(a.grid, kernels, a.cap, a.graphs, a.out, deadline, dev, prefixes, a.tag, pages)
 
 
 if __name__ == "__main__":

@@ -156,21 +156,36 @@ def heatmap(
     plt.close(fig)
 
 
-def kernel_ratio_table(fa3: dict, fa2: dict) -> str:
-    """Per scheme over the wide grid: geometric mean of FA3 time / FA2 time and how often FA2 wins."""
-    a = {(c["P"], c["S"], c["M"]): timed(c["results"]) for c in fa3["cells"] if "results" in c}
-    b = {(c["P"], c["S"], c["M"]): timed(c["results"]) for c in fa2["cells"] if "results" in c}
+def ratio_table(base: dict, other: dict, pair, header: str) -> str:
+    """Per row name: geometric mean of base time / other time over the cells both ran, and how often
+    ``other`` is faster. ``pair(label)`` maps a label of ``other`` to (row name, label in ``base``)
+    or None."""
+    a = {(c["P"], c["S"], c["M"]): timed(c["results"]) for c in base["cells"] if "results" in c}
     ratios: dict[str, list[float]] = {}
-    for key, t2 in b.items():
-        for label, ms in t2.items():
-            other = a.get(key, {}).get(label.replace("/fa2", "/fa3"))
-            if other:
-                ratios.setdefault(label.split("/")[0], []).append(other / ms)
-    lines = ["| scheme | cells | FA3 ms / FA2 ms (geomean) | FA2 faster in |", "|---|---:|---:|---:|"]
+    for c in other["cells"]:
+        for label, ms in timed(c.get("results", {})).items():
+            paired = pair(label)
+            ref = paired and a.get((c["P"], c["S"], c["M"]), {}).get(paired[1])
+            if ref:
+                ratios.setdefault(paired[0], []).append(ref / ms)
+    lines = [header, "|---|---:|---:|---:|"]
     for name, r in ratios.items():
         g = math.exp(sum(map(math.log, r)) / len(r))
         lines.append(f"| {name} | {len(r)} | {g:.2f} | {sum(x > 1 for x in r)} |")
     return "\n".join(lines) + "\n"
+
+
+def kernel_ratio_table(fa3: dict, fa2: dict) -> str:
+    """Per scheme over the wide grid: geometric mean of FA3 time / FA2 time and how often FA2 wins."""
+    header = "| scheme | cells | FA3 ms / FA2 ms (geomean) | FA2 faster in |"
+    pair = lambda k: "/fa2" in k and (k.split("/")[0], k.replace("/fa2", "/fa3"))  # noqa: E731
+    return ratio_table(fa3, fa2, pair, header)
+
+
+def page_size_table(data: dict) -> str:
+    """Per scheme, kernel and page size: geometric mean of page_size-1 time / paged time."""
+    header = "| scheme / kernel / page size | cells | page_size 1 ms / paged ms (geomean) | paged faster in |"
+    return ratio_table(data, data, lambda k: "/p" in k and (k, k.rsplit("/", 1)[0]), header)
 
 
 CURVE_ROWS = (16, 256, 1024, 2048, 4096, 8192, 16384, 65536)
@@ -279,6 +294,9 @@ def main(argv: list[str] | None = None) -> None:
             both = merge_grids([fa3, fa2])
             parts.append("## Wide grid, FA2 against FA3 per scheme\n\n" + kernel_ratio_table(fa3, fa2))
             parts.append("## Wide grid, fastest of FA2 and FA3\n\n" + best_table(both))
+    pages = a.data / "kernels_article_pages.json"
+    if pages.exists():
+        parts.append("## Article grid, page sizes\n\n" + page_size_table(json.loads(pages.read_text())))
     (a.out / "kernels.md").write_text("\n".join(parts))
     e2e_path = a.data / "e2e.json"
     if e2e_path.exists():

@@ -200,11 +200,11 @@ class FlashInferBackend:
             c.qo_indptr,
             c.kv_indptr,
             c.kv_indices,
-            torch.ones(c.num_requests, dtype=torch.int32),
+            torch.ones(c.num_requests, dtype=torch.int32) if c.last_page_len is None else c.last_page_len,
             s.num_qo_heads,
             s.num_kv_heads,
             s.head_dim,
-            1,
+            c.page_size,
             causal=c.causal,
             sm_scale=s.sm_scale,
             q_data_type=s.dtype,
@@ -226,7 +226,8 @@ class FlashInferBackend:
         q
             ``[rows, Hq, D]``, the pass's queries.
         k, v
-            ``[slots, Hkv, D]``, the layer's K/V pool (a single-pass plan: the pass's own K/V).
+            ``[slots, Hkv, D]``, the layer's K/V pool (a single-pass plan: the pass's own K/V),
+            or ``[pages, page_size, Hkv, D]`` for calls planned with a larger page size.
 
         Returns
         -------
@@ -235,7 +236,7 @@ class FlashInferBackend:
         """
         if self._fallback is not None:
             return self._fallback.run(layer, q, k, v, out)
-        kv = (k.unsqueeze(1), v.unsqueeze(1))
+        kv = (k, v) if k.dim() == 4 else (k.unsqueeze(1), v.unsqueeze(1))
         out = torch.empty_like(q) if out is None else out
         for g in self._groups:
             q0, q1 = g.rows

@@ -61,6 +61,8 @@ class TorchBackend:
         dev = self.spec.device
         self._calls = []
         for c in p.calls:
+            if c.page_size != 1:
+                raise ValueError(f"the torch reference runs page_size 1, not {c.page_size}")
             qo, kvp = c.qo_indptr.tolist(), c.kv_indptr.tolist()
             blocks = []
             for i in range(c.num_requests):

@@ -72,6 +72,10 @@ class AttentionCall:
     and reads K/V slots ``kv_indices[kv_indptr[i] : kv_indptr[i+1]]``. With ``causal`` the
     queries are aligned to the end of the request's K/V (FlashInfer's convention). Calls that
     cover the same rows are merged by log-sum-exp.
+
+    The planners emit ``page_size`` 1 (an index is a K/V slot). With a larger ``page_size`` an
+    index is a page of that many slots and request ``i`` uses ``last_page_len[i]`` slots of its
+    last page (``bench.paging`` converts a plan; FlashInfer runs it, the torch reference does not).
     """
 
     q_start: int
@@ -82,6 +86,8 @@ class AttentionCall:
     causal: bool
     multi_item: MultiItem | None = None
     custom_mask: CustomMask | None = None
+    page_size: int = 1
+    last_page_len: torch.Tensor | None = None  # int32 [requests]; None: full pages (page_size 1)
 
     @property
     def num_requests(self) -> int:

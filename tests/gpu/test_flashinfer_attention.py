@@ -18,6 +18,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 flashinfer = pytest.importorskip("flashinfer")
 
+from bench.paging import to_pages  # noqa: E402
 from scorer.attention.base import HeadSpec  # noqa: E402
 from scorer.attention.flashinfer import FlashInferBackend  # noqa: E402
 from scorer.attention.kvpool import replay_attention  # noqa: E402
@@ -120,6 +121,37 @@ def test_article_shapes_equal_torch_reference(scheme: str, shape: Shape, kernels
     plan = make_plan(scheme, [shape])
     got = replay_attention(plan, FlashInferBackend(sp, kernels=kernels, fallback=False), q, k, v)
     check_close(got, replay_attention(plan, TorchBackend(sp), q, k, v), f"{scheme} {shape}")
+
+
+class PagedBackend:
+    """FlashInfer on the K/V copied into pages of ``page_size`` (``bench.paging``)."""
+
+    def __init__(self, backend: FlashInferBackend, page_size: int) -> None:
+        self.inner, self.page_size, self.name, self.stats = backend, page_size, "paged", backend.stats
+
+    def plan(self, p) -> None:
+        self.paged = to_pages(p, self.page_size)
+        self.inner.plan(self.paged.pass_)
+
+    def run(self, layer, q, k, v, out=None):
+        pool = [self.paged.pool(x, self.page_size) for x in (k, v)]
+        return self.inner.run(layer, q, *pool, out)
+
+
+@pytest.mark.parametrize("page_size", [16, 7])
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_paged_layout_equals_the_flat_one(scheme: str, page_size: int):
+    """The page-size benchmark's layout: the same attention as the engine's page_size 1."""
+    rng = random.Random(f"paged-{scheme}-{page_size}")
+    sp = spec(torch.bfloat16)
+    flat, paged = (FlashInferBackend(sp, fallback=False) for _ in range(2))
+    for trial in range(3):
+        shapes = random_shapes(rng)
+        q, k, v = random_qkv(shapes, sp, seed=200 + trial)
+        plan = make_plan(scheme, shapes)
+        want = replay_attention(plan, flat, q, k, v)
+        got = replay_attention(plan, PagedBackend(paged, page_size), q, k, v)
+        check_close(got, want, f"{scheme} page_size {page_size} {shapes}")
 
 
 def test_cascade_merges_once_per_layer():
