@@ -191,6 +191,7 @@ def _req(prompt="q", docs=("d",), **options):
         (_req(docs=("a",) * 5), LIMITS, "docs", "exceed the limit of 4"),
         (_req(label_tokens=("yes", "maybe")), LIMITS, "options.label_tokens[1]", "not a single token"),
         (_req(label_token_ids=(9999,)), LIMITS, "options.label_token_ids", "outside the vocabulary"),
+        (_req(label_token_ids=(3, -1)), LIMITS, "options.label_token_ids", "token id -1 outside"),
         (_req(scheme="fastest"), LIMITS, "options.scheme", "unknown scheme"),
         (_req(template="chatml"), LIMITS, "options.template", "unknown template"),
         (_req(truncate="middle"), LIMITS, "options.truncate", "expected one of"),
@@ -201,6 +202,27 @@ def test_bad_input_names_the_field(engine, req, limits, field, message):
     with pytest.raises(InvalidInput, match=message) as err:
         tokenize(req, engine.tokenizer, limits)
     assert err.value.field == field
+
+
+def test_labels_are_looked_up_without_building_a_large_vocabulary(monkeypatch):
+    """Qwen3's 151k-entry vocabulary: ``get_vocab()`` would cost every call ~0.3 s (it builds a
+    dict), so the lookup must not call it; a word the vocabulary lacks is refused, not scored as
+    the unknown token."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"w{i}": i for i in range(151_640)} | {"[UNK]": 151_640, "yes": 151_641, "no": 151_642}
+    raw = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="[UNK]")
+    monkeypatch.setattr(PreTrainedTokenizerFast, "get_vocab", lambda self: pytest.fail("get_vocab called"))
+    limits = Limits(max_docs=4, max_doc_tokens=10, max_positions=40, vocab_size=len(vocab))
+    t = tokenize(_req(prompt="w1 w2", docs=("w3",)), tok, limits)
+    assert t.label_ids == (151_641, 151_642) and t.prefix_ids == (1, 2)
+    assert tokenize(_req(label_tokens=("[UNK]",)), tok, limits).label_ids == (151_640,)
+    with pytest.raises(InvalidInput, match="not a single token") as err:
+        tokenize(_req(label_tokens=("yes", "maybe")), tok, limits)
+    assert err.value.field == "options.label_tokens[1]"
 
 
 def test_truncate_doc_end_cuts_and_reports(engine):
