@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from .planning import SCHEMES, Shape
 from .planning.base import MAX_ITEM_LEN
@@ -146,8 +147,7 @@ def tokenize(req: ScoreRequest, tokenizer, limits: Limits) -> Tokenized:
         prefix = tuple(tokenizer.encode(template.prefix_text(req.prompt, req.instruction)))
     else:
         raise InvalidInput("prompt", "empty prompt")
-    head = tuple(_encode(tokenizer, template.item_head))
-    tail = tuple(_encode(tokenizer, template.item_tail))
+    head, tail = _template_ids(tokenizer, template.item_head), _template_ids(tokenizer, template.item_tail)
     room = min(limits.max_positions - len(prefix), MAX_ITEM_LEN) - len(head) - len(tail)
     if room < 1:
         raise InvalidInput("prompt", f"{len(prefix)} prompt tokens leave no room for a document")
@@ -214,6 +214,12 @@ def _vocab_id(tokenizer, word: str) -> int | None:
     if tid is None or (tid == tokenizer.unk_token_id and word != tokenizer.unk_token):
         return None
     return tid
+
+
+@lru_cache(maxsize=64)
+def _template_ids(tokenizer, text: str) -> tuple[int, ...]:
+    """A template's fixed text around every doc, encoded once per tokenizer."""
+    return tuple(_encode(tokenizer, text))
 
 
 def _encode(tokenizer, text: str) -> list[int]:

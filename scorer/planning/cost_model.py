@@ -32,7 +32,7 @@ import json
 import math
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -62,13 +62,13 @@ class CostModel:
         self.layers = int(data["layers"])
         curve = sorted((int(k), float(v)) for k, v in data["gemm_curve"].items())
         self._buckets = [int(b) for b in data.get("graph_buckets", [])]
-        self._gemm_x = np.log([r for r, _ in curve])
-        self._gemm_y = np.log([t for _, t in curve])
+        self._gemm_x = np.log([r for r, _ in curve]).tolist()
+        self._gemm_y = np.log([t for _, t in curve]).tolist()
         g = data["attention"]["grid"]
-        self._axes = [np.log(np.asarray(g[k], dtype=float)) for k in ("P", "S", "M")]
-        self._attn = {
-            k: np.asarray(v, dtype=float) for k, v in data["attention"]["log_ms"].items()
-        }  # None -> NaN: not measured
+        self._axes = tuple(tuple(np.log(np.asarray(g[k], dtype=float)).tolist()) for k in ("P", "S", "M"))
+        self._attn = {  # nested lists (scalar reads), None -> NaN: not measured
+            k: np.asarray(v, dtype=float).tolist() for k, v in data["attention"]["log_ms"].items()
+        }
         self.fit = data["fit"]
         self.planner = data.get("planner", {})
         self.max_mask_tokens = int(data.get("max_mask_tokens", 8448))
@@ -90,7 +90,7 @@ class CostModel:
         table = self._attn.get(name)
         if table is None:
             return math.inf
-        v = _interp3(self._axes, table, (math.log(p), math.log(max(s, 1.0)), math.log(m)))
+        v = _interp3(table, _corners(self._axes, (math.log(p), math.log(max(s, 1.0)), math.log(m))))
         return math.exp(v) if math.isfinite(v) else math.inf
 
     def predict(self, scheme: str, group_size: int, p: int, s: float, m: int) -> float:
@@ -138,39 +138,51 @@ def calibrated_choice(shape: Shape, group_sizes: Sequence[int] = DEFAULT_GROUP_S
     return _default_model().choose(shape, tuple(group_sizes))
 
 
-def _interp1(xs: np.ndarray, ys: np.ndarray, x: float) -> float:
+def _interp1(xs: list[float], ys: list[float], x: float) -> float:
     """Piecewise linear; flat below the first point, the last slope beyond the last (GEMM time
     grows linearly with rows)."""
-    i = min(max(bisect_right(xs.tolist(), x) - 1, 0), len(xs) - 2)
+    i = min(max(bisect_right(xs, x) - 1, 0), len(xs) - 2)
     t = max((x - xs[i]) / (xs[i + 1] - xs[i]), 0.0)
     return float(ys[i] + t * (ys[i + 1] - ys[i]))
 
 
-def _interp3(axes: list[np.ndarray], table: np.ndarray, x: tuple[float, float, float]) -> float:
-    """Trilinear interpolation (linear extrapolation one step past the edges); NaN corners -> NaN."""
+Corners = tuple[tuple[tuple[int, int, int], float], ...]
+
+
+@lru_cache(maxsize=1024)
+def _corners(axes: tuple[tuple[float, ...], ...], x: tuple[float, float, float]) -> Corners:
+    """The grid corners around ``x`` and their trilinear weights (zero weights left out), linear
+    extrapolation one step past the edges; shared by every scheme's table, so cached."""
     idx, ts = [], []
     for ax, v in zip(axes, x, strict=True):
         if len(ax) == 1:
             idx.append((0, 0))
             ts.append(0.0)
             continue
-        i = min(max(bisect_right(ax.tolist(), v) - 1, 0), len(ax) - 2)
+        i = min(max(bisect_right(ax, v) - 1, 0), len(ax) - 2)
         t = (v - ax[i]) / (ax[i + 1] - ax[i])
         idx.append((i, i + 1))
         ts.append(max(min(t, 1 + MAX_EXTRAPOLATION), -MAX_EXTRAPOLATION))
-    total = 0.0
+    out = []
     for corner in range(8):
         bits = [(corner >> d) & 1 for d in range(3)]
         w = 1.0
         for d, b in enumerate(bits):
             w *= ts[d] if b else 1 - ts[d]
-        if w == 0.0:
-            continue
-        v = table[idx[0][bits[0]], idx[1][bits[1]], idx[2][bits[2]]]
+        if w != 0.0:
+            out.append(((idx[0][bits[0]], idx[1][bits[1]], idx[2][bits[2]]), w))
+    return tuple(out)
+
+
+def _interp3(table: list, corners: Corners) -> float:
+    """Trilinear interpolation of ``table`` at ``corners``; a NaN corner (not measured) -> NaN."""
+    total = 0.0
+    for (i, j, k), w in corners:
+        v = table[i][j][k]
         if not math.isfinite(v):
             return math.nan
         total += w * v
-    return total
+    return float(total)
 
 
 # ---- fitting and evaluation (offline, from the benchmarks' JSON) ----
