@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -100,6 +101,7 @@ def environment(device: torch.device) -> dict:
         "cuda_runtime": torch.version.cuda,
         "python": platform.python_version(),
         "host": platform.node(),
+        "cpus": os.cpu_count(),
     }
     try:
         import flashinfer
