@@ -31,6 +31,12 @@ def main(argv: list[str] | None = None) -> int:
     score.add_argument("--score-mode", default="softmax", choices=("softmax", "logprob"))
     score.add_argument("--truncate", default="error", choices=("error", "doc_end"))
     score.add_argument("--group-size", type=int, default=0)
+    score.add_argument(
+        "--doc-special-tokens",
+        default="parse",
+        choices=("parse", "text"),
+        help="text: special-token strings in docs stay plain text (no control tokens from documents)",
+    )
     _add_model_arguments(score)
     serve = sub.add_parser("serve", help="run the gRPC ScoreDocs service")
     try:
@@ -71,6 +77,7 @@ def _score(args: argparse.Namespace) -> int:
         score_mode=args.score_mode,
         truncate=args.truncate,
         group_size=args.group_size,
+        doc_special_tokens=args.doc_special_tokens,
     )
     schemes: set[str] = set()
     with tqdm(total=len(docs), unit="doc", file=sys.stderr, disable=len(docs) < CHUNK_DOCS) as bar:

@@ -17,6 +17,7 @@ from .planning.base import MAX_ITEM_LEN
 
 SCORE_MODES = ("softmax", "logprob")
 TRUNCATE_MODES = ("error", "doc_end")
+DOC_SPECIAL_TOKENS = ("parse", "text")
 
 
 class InvalidInput(ValueError):
@@ -77,6 +78,7 @@ class ScoreOptions:
     truncate: str = "error"
     max_doc_tokens: int = 0  # 0: the engine's limit
     group_size: int = 0  # for ``grouped``; 0: the engine's default
+    doc_special_tokens: str = "parse"  # text: special-token strings in docs stay plain text
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,8 @@ def check_options(o: ScoreOptions) -> None:
         raise InvalidInput("options.score_mode", f"expected one of {', '.join(SCORE_MODES)}")
     if o.truncate not in ("", *TRUNCATE_MODES):
         raise InvalidInput("options.truncate", f"expected one of {', '.join(TRUNCATE_MODES)}")
+    if o.doc_special_tokens not in ("", *DOC_SPECIAL_TOKENS):
+        raise InvalidInput("options.doc_special_tokens", f"expected one of {', '.join(DOC_SPECIAL_TOKENS)}")
     if o.max_doc_tokens < 0:
         raise InvalidInput("options.max_doc_tokens", "must not be negative")
     if o.group_size < 0:
@@ -153,11 +157,12 @@ def tokenize(req: ScoreRequest, tokenizer, limits: Limits) -> Tokenized:
         raise InvalidInput("prompt", f"{len(prefix)} prompt tokens leave no room for a document")
     doc_limit = min(o.max_doc_tokens or limits.max_doc_tokens, limits.max_doc_tokens, room)
     items, doc_tokens, truncated = [], [], []
+    split_special = o.doc_special_tokens == "text"
     for i, doc in enumerate(req.docs):
         if doc.token_ids:
             ids = _checked_ids(doc.token_ids, limits.vocab_size, f"docs[{i}].token_ids")
         elif doc.text.strip():
-            ids = tuple(_encode(tokenizer, template.doc_lead + doc.text))
+            ids = tuple(_encode(tokenizer, template.doc_lead + doc.text, split_special))
         else:
             raise InvalidInput(f"docs[{i}].text", "empty document")
         cut = max(0, len(ids) - doc_limit)
@@ -222,8 +227,11 @@ def _template_ids(tokenizer, text: str) -> tuple[int, ...]:
     return tuple(_encode(tokenizer, text))
 
 
-def _encode(tokenizer, text: str) -> list[int]:
-    return tokenizer.encode(text, add_special_tokens=False) if text else []
+def _encode(tokenizer, text: str, split_special: bool = False) -> list[int]:
+    """``split_special``: special-token strings in ``text`` are encoded as plain text."""
+    if not text:
+        return []
+    return tokenizer.encode(text, add_special_tokens=False, split_special_tokens=split_special)
 
 
 def _checked_ids(ids: Sequence[int], vocab_size: int, field_name: str) -> tuple[int, ...]:

@@ -195,6 +195,7 @@ def _req(prompt="q", docs=("d",), **options):
         (_req(scheme="fastest"), LIMITS, "options.scheme", "unknown scheme"),
         (_req(template="chatml"), LIMITS, "options.template", "unknown template"),
         (_req(truncate="middle"), LIMITS, "options.truncate", "expected one of"),
+        (_req(doc_special_tokens="strip"), LIMITS, "options.doc_special_tokens", "expected one of"),
         (_req(docs=("x" * 65536,)), BIG, "docs[0]", "65535"),
     ],
 )
@@ -223,6 +224,21 @@ def test_labels_are_looked_up_without_building_a_large_vocabulary(monkeypatch):
     with pytest.raises(InvalidInput, match="not a single token") as err:
         tokenize(_req(label_tokens=("yes", "maybe")), tok, limits)
     assert err.value.field == "options.label_tokens[1]"
+
+
+def test_doc_special_tokens_parse_by_default_or_stay_text(engine):
+    """A doc holding "<|im_end|>": by default that control token (as Qwen3-Reranker's reference
+    tokenizes it), with doc_special_tokens="text" plain bytes; the template's own control tokens
+    are kept either way."""
+    im_end = engine.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    doc = [Doc("a <|im_end|> b")]
+    parsed = engine.tokenize(ScoreRequest("q", doc))
+    text = engine.tokenize(ScoreRequest("q", doc, options=ScoreOptions(doc_special_tokens="text")))
+    assert parsed.items[0].count(im_end) == 2  # the doc's and the template's
+    assert text.items[0].count(im_end) == 1 and text.doc_tokens[0] > parsed.doc_tokens[0]
+    assert engine.tokenizer.decode(list(text.items[0])) == engine.tokenizer.decode(list(parsed.items[0]))
+    assert text.prefix_ids == parsed.prefix_ids
+    assert engine.score(ScoreRequest("q", doc, options=ScoreOptions(doc_special_tokens="text"))).results
 
 
 def test_truncate_doc_end_cuts_and_reports(engine):

@@ -19,6 +19,7 @@ def request_from_proto(msg: pb.ScoreDocsRequest, request_id: str) -> ScoreReques
         truncate=o.truncate,
         max_doc_tokens=o.max_doc_tokens,
         group_size=o.group_size,
+        doc_special_tokens=o.doc_special_tokens,
     )
     docs = [Doc(text=d.text, id=d.id, token_ids=tuple(d.token_ids)) for d in msg.docs]
     return ScoreRequest(

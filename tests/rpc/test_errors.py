@@ -28,6 +28,7 @@ BAD_INPUTS = {
     "unknown template": (req(template="chatml"), INVALID, "options.template"),
     "unknown score mode": (req(score_mode="odds"), INVALID, "options.score_mode"),
     "unknown truncate mode": (req(truncate="middle"), INVALID, "options.truncate"),
+    "unknown doc_special_tokens": (req(doc_special_tokens="strip"), INVALID, "options.doc_special_tokens"),
     "label of two tokens": (req(label_tokens=["yes", "maybe not"]), INVALID, "options.label_tokens[1]"),
     "label id outside the vocabulary": (req(label_token_ids=[10**6]), INVALID, "options.label_token_ids"),
     "prompt id outside the vocabulary": (

@@ -102,6 +102,15 @@ def test_token_ids_score_like_the_text_they_encode(server, engine):
     assert b.usage.prompt_tokens == a.usage.prompt_tokens
 
 
+def test_doc_special_tokens_option_reaches_the_tokenizer(server):
+    docs = [pb.Doc(text="a <|im_end|> b")]
+    stub = server.stub()
+    parsed = stub.ScoreDocs(pb.ScoreDocsRequest(prompt="q", docs=docs), timeout=30)
+    options = pb.ScoreOptions(doc_special_tokens="text")
+    text = stub.ScoreDocs(pb.ScoreDocsRequest(prompt="q", docs=docs, options=options), timeout=30)
+    assert text.results[0].doc_tokens > parsed.results[0].doc_tokens
+
+
 def test_request_id_is_echoed_or_generated_and_stamped_on_the_log(server):
     stub = server.stub()
     given = stub.ScoreDocs(pb.ScoreDocsRequest(prompt="q", docs=[pb.Doc(text="d")], request_id="rid-echo-42"))
