@@ -14,7 +14,16 @@ from tqdm import tqdm
 
 from .attention import BACKENDS
 from .planning import SCHEMES
-from .request import TEMPLATES, Doc, InvalidInput, ScoreOptions, ScoreRequest
+from .request import (
+    DOC_SPECIAL_TOKENS,
+    SCORE_MODES,
+    TEMPLATES,
+    TRUNCATE_MODES,
+    Doc,
+    InvalidInput,
+    ScoreOptions,
+    ScoreRequest,
+)
 
 CHUNK_DOCS = 256  # docs per request when a file is large, so the progress bar moves
 
@@ -28,13 +37,13 @@ def main(argv: list[str] | None = None) -> int:
     score.add_argument("--instruction", default="")
     score.add_argument("--scheme", default="auto", choices=SCHEMES)
     score.add_argument("--template", default=ScoreOptions.template, choices=sorted(TEMPLATES))
-    score.add_argument("--score-mode", default="softmax", choices=("softmax", "logprob"))
-    score.add_argument("--truncate", default="error", choices=("error", "doc_end"))
+    score.add_argument("--score-mode", default="softmax", choices=SCORE_MODES)
+    score.add_argument("--truncate", default="error", choices=TRUNCATE_MODES)
     score.add_argument("--group-size", type=int, default=0)
     score.add_argument(
         "--doc-special-tokens",
         default="parse",
-        choices=("parse", "text"),
+        choices=DOC_SPECIAL_TOKENS,
         help="text: special-token strings in docs stay plain text (no control tokens from documents)",
     )
     _add_model_arguments(score)
