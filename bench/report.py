@@ -9,6 +9,7 @@ import argparse
 import json
 import math
 from pathlib import Path
+from statistics import geometric_mean
 
 from scorer.schemes import UNGROUPED
 
@@ -170,8 +171,7 @@ def ratio_table(base: dict, other: dict, pair, header: str) -> str:
                 ratios.setdefault(paired[0], []).append(ref / ms)
     lines = [header, "|---|---:|---:|---:|"]
     for name, r in ratios.items():
-        g = math.exp(sum(map(math.log, r)) / len(r))
-        lines.append(f"| {name} | {len(r)} | {g:.2f} | {sum(x > 1 for x in r)} |")
+        lines.append(f"| {name} | {len(r)} | {geometric_mean(r):.2f} | {sum(x > 1 for x in r)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -233,13 +233,10 @@ def eager_vs_graphs_table(e2e: dict) -> str:
             f"{g[bg]:.2f} | {fmt(g.get(rule), 2)} | {e[be] / g[bg]:.2f}x |"
         )
 
-    def geomean(xs: list[float]) -> float:
-        return math.exp(sum(map(math.log, xs)) / len(xs))
-
     lines.append(
         f"\nGeometric mean over the {len(fastest)} cells: fastest scheme, eager -> graphs+fused "
-        f"{geomean(fastest):.2f}x; the article's rule on the eager forward -> calibrated auto on "
-        f"graphs+fused {geomean(product):.2f}x."
+        f"{geometric_mean(fastest):.2f}x; the article's rule on the eager forward -> calibrated auto on "
+        f"graphs+fused {geometric_mean(product):.2f}x."
     )
     return "\n".join(lines) + "\n"
 
