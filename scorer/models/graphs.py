@@ -65,8 +65,10 @@ class GraphedDecoder:
         self.k = torch.zeros(n, mc.num_kv_heads, mc.head_dim, dtype=dt, device=dev)
         self.v = torch.zeros_like(self.k)
         self.attn = torch.zeros_like(self.q)
-        self.cos = torch.zeros(n, 1, mc.head_dim, dtype=dt, device=dev)
-        self.sin = torch.zeros_like(self.cos)
+        self.cos = self.sin = None  # HF's RoPE tables; the fused RoPE reads its cache instead
+        if model.model.rotary_emb.cos_sin_cache is None:
+            self.cos = torch.zeros(n, 1, mc.head_dim, dtype=dt, device=dev)
+            self.sin = torch.zeros_like(self.cos)
         self._segments: dict[int, list[Callable[[], None]]] = {}
 
     def bucket(self, n: int) -> int | None:
