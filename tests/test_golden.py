@@ -1,0 +1,34 @@
+"""The embedded default's scores and usage reproduce tests/data/golden.json bit for bit (see
+scripts/golden.py): a refactor may not move a score by one ulp."""
+
+import json
+import runpy
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "golden.py"
+
+
+@pytest.fixture(scope="module")
+def golden(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SCORER_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    yield runpy.run_path(str(SCRIPT))
+    mp.undo()
+
+
+def test_the_engine_reproduces_the_golden_file_exactly(golden):
+    want = json.loads(golden["GOLDEN"].read_text())
+    got = golden["golden"]()
+    assert sorted(got) == sorted(want)
+    for name in want:
+        assert got[name] == want[name], name
+
+
+def test_the_golden_cases_cover_every_scheme_template_and_a_split(golden):
+    names = [name for name, _, _ in golden["cases"]()]
+    for scheme in ("auto", *golden["CONCRETE"]):
+        assert {f"text/{scheme}", f"ids/{scheme}", f"ids/{scheme}/split64"} <= set(names)
+    want = json.loads(golden["GOLDEN"].read_text())
+    assert want["ids/ragged/split64"]["usage"] == want["ids/ragged"]["usage"]  # the prompt still once
