@@ -25,13 +25,17 @@ from pathlib import Path
 import torch
 from google.protobuf import json_format
 
+from scorer import readout
 from scorer.attention import HeadSpec, make_backend
-from scorer.engine import Engine, EngineConfig, logical_tokens, per_item
+from scorer.config import ModelConfig
+from scorer.engine import Engine, logical_tokens
 from scorer.models.tiny import build_tokenizer
+from scorer.runner import ModelRunner
+from scorer.runtime import model_kernels
 from scorer.server.convert import request_from_proto
 from scorer.v1 import scorer_pb2 as pb
 
-from .e2e import build_model
+from .e2e import QWEN3_06B, build_model
 from .timing import environment, sync, write_json
 
 STAGES = ("plan", "inputs", "issue", "device", "logprobs", "results")
@@ -43,7 +47,7 @@ def batches(engine: Engine, lines: list[str], budget: int) -> list[list]:
     ]
     out, cur, n = [], [], 0
     for t in toks:
-        k = engine.num_tokens(t)
+        k = t.tokens
         if cur and n + k > budget:
             out.append(cur)
             cur, n = [], 0
@@ -66,18 +70,17 @@ def staged(engine: Engine, batch: list) -> dict[str, float]:
         times[name] = (now - t) * 1e3
         t = now
 
-    plan, order, schemes = engine.plan(batch)
+    plan = engine.plan(batch)
     lap("plan")
-    ordered = [batch[i] for i in order]
+    ordered = [batch[i] for i in plan.requests]
     ids, positions = logical_tokens(ordered, dev)
     lap("inputs")
-    rows = engine.forward(plan, ids, positions)
+    rows = engine.runner.forward(plan, ids, positions)
     lap("issue", wait=False)
     lap("device")
-    labels = [x.label_ids for x in ordered for _ in x.items]
-    logprobs = per_item(engine._label_logprobs(rows, labels).tolist(), labels)
+    flat = readout.label_logprobs(engine.runner.model, rows, ordered).tolist()
     lap("logprobs")
-    engine._results(order, ordered, schemes, logprobs)
+    readout.results(ordered, plan.requests, flat)
     lap("results")
     return times
 
@@ -94,14 +97,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=Path("out"))
     a = ap.parse_args(argv)
     device = torch.device(a.device)
-    model = build_model(device, a.layers)
-    mc = model.config
+    config = ModelConfig.from_hf({**QWEN3_06B, "num_hidden_layers": a.layers})
     backend = make_backend(
-        "auto", HeadSpec(mc.num_heads, mc.num_kv_heads, mc.head_dim, torch.bfloat16, device)
+        "auto", HeadSpec(config.num_heads, config.num_kv_heads, config.head_dim, torch.bfloat16, device)
     )
-    config = EngineConfig(cuda_graph_max_tokens=a.graph_max_tokens, model_kernels=a.model_kernels)
-    engine = Engine(model, build_tokenizer(), backend, config)
-    engine.capture_graphs()
+    model = build_model(device, a.layers, model_kernels(a.model_kernels, backend.name, device.type))
+    engine = Engine(ModelRunner(model, backend, a.graph_max_tokens), build_tokenizer())
+    engine.runner.capture_graphs()
     todo = batches(engine, a.requests.read_text().splitlines(), a.budget)[: a.batches + 2]
     for b in todo[:2]:  # warm-up: first-use setup of every bucket and wrapper touched
         staged(engine, b)
@@ -127,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
         "env": environment(device),
         "config": vars(a) | {"requests": str(a.requests), "out": str(a.out)},
         "calls_per_batch": statistics.median(len(b) for b in todo[2:]),
-        "tokens_per_batch": statistics.median(sum(engine.num_tokens(t) for t in b) for b in todo[2:]),
+        "tokens_per_batch": statistics.median(sum(t.tokens for t in b) for b in todo[2:]),
         "stages_ms_median": median,
         "staged_total_ms": sum(median.values()),
         "score_batch_ms_median": statistics.median(walls),

@@ -11,9 +11,11 @@ import json
 import random
 import time
 
+from scorer.planning import REGISTRY as _REG
 from scorer.request import Doc, ScoreOptions, ScoreRequest
 from scorer.runtime import build_engine
-from scorer.schemes import CONCRETE
+
+CONCRETE = tuple(_REG)
 
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa", "lambda"]
 

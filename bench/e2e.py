@@ -2,7 +2,7 @@
 
 A scheme changes both the attention kernels and the number of tokens through the GEMMs (naive
 recomputes the prompt for every doc), so the cost model is fitted to these times, not to the
-kernel table. ``forward_ms`` is the wall time of ``Engine.forward`` (backend ``plan()`` of every
+kernel table. ``forward_ms`` is the wall time of ``ModelRunner.forward`` (backend ``plan()`` of every
 pass, 28 layers, the score rows), synchronised before and after, with the engine's piecewise CUDA
 graphs (``results``); the held-out shapes also in the configurations named by ``--compare``, side
 by side: ``results_eager`` (eager forward, HF's op order) and ``results_fa2`` (the serving
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import dataclasses
 import gc
 import statistics
 import time
@@ -30,13 +29,14 @@ import torch
 from scorer.attention.base import HeadSpec
 from scorer.attention.flashinfer import FlashInferBackend
 from scorer.config import ModelConfig
-from scorer.engine import Engine, EngineConfig
 from scorer.models.decoder import DecoderLM
 from scorer.models.graphs import GraphedDecoder
-from scorer.planning import Shape, check_plan, planner
-from scorer.schemes import UNGROUPED as SCHEMES
+from scorer.planning import REGISTRY, Shape, get, plan_batch
+from scorer.runner import ModelRunner
 
 from .timing import environment, time_host, write_json
+
+SCHEMES = tuple(n for n, s in REGISTRY.items() if not s.grouped)
 
 QWEN3_06B: dict = {
     "architectures": ["Qwen3ForCausalLM"],
@@ -97,15 +97,16 @@ def skip_reason(scheme: str, shape: Shape) -> str | None:
     return None
 
 
-def build_model(device: torch.device, layers: int) -> DecoderLM:
+def build_model(device: torch.device, layers: int, kernels: str = "torch") -> DecoderLM:
+    """The Qwen3-0.6B-shaped model with seeded random bf16 weights (equal whatever ``kernels``)."""
     config = ModelConfig.from_hf({**QWEN3_06B, "num_hidden_layers": layers})
     torch.manual_seed(0)
     with torch.device(device):
-        model = DecoderLM(config)
+        model = DecoderLM(config, kernels)
     for name, p in model.named_parameters():
         if not name.endswith("norm.weight"):
             torch.nn.init.normal_(p, std=0.02)
-    return model.to(torch.bfloat16).eval().requires_grad_(False)
+    return model.to(torch.bfloat16).eval().requires_grad_(False).finalize()
 
 
 def shape_inputs(shape: Shape, vocab: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -141,13 +142,12 @@ def time_planner(scheme: str, group: int, shape: Shape):
     times = []
     while len(times) < (3 if not times or times[0] < 50 else 1):
         t0 = time.perf_counter()
-        plan = planner(scheme, group or 8)([shape])
-        check_plan(plan, 1 << 30)
+        plan = plan_batch([(shape, get(scheme), group or 8)], 0, 1 << 30)
         times.append((time.perf_counter() - t0) * 1e3)
     return plan, statistics.median(times)
 
 
-def measure_cell(engine: Engine, shape: Shape, ids, pos, repeats: int) -> dict[str, dict]:
+def measure_cell(engine: ModelRunner, shape: Shape, ids, pos, repeats: int) -> dict[str, dict]:
     """Every variant of one shape, timed round-robin so that drift (clocks, host load) hits all
     variants alike; ``forward_ms`` is the median of ``repeats`` rounds (2 for forwards over 0.3 s),
     with the garbage collector paused."""
@@ -201,25 +201,25 @@ def run(
     graph_max_tokens: int = 16384,
     compare: tuple[str, ...] = ("eager",),
 ) -> dict:
-    model, reference = build_model(device, layers), build_model(device, layers)  # equal weights
+    model = build_model(device, layers, "flashinfer")  # the serving configuration: fused kernels, graphs
+    reference = build_model(device, layers)  # equal weights, HF's op order, eager
     mc = model.config
     backend = FlashInferBackend(HeadSpec(mc.num_heads, mc.num_kv_heads, mc.head_dim, torch.bfloat16, device))
-    config = EngineConfig(max_custom_mask_tokens=1 << 30, cuda_graph_max_tokens=graph_max_tokens)
-    engine = Engine(model, None, backend, config)  # the serving configuration: fused kernels, graphs
-    eager = Engine(
-        reference, None, backend, dataclasses.replace(config, cuda_graph_max_tokens=0, model_kernels="torch")
-    )
+    engine = ModelRunner(model, backend, graph_max_tokens)
+    eager = ModelRunner(reference, backend)
     others = {}
     if "eager" in compare:
         others["results_eager"] = eager
     if "fa2" in compare:
         others["results_fa2"] = copy.copy(engine)  # the same model and graphs, FA2 attention
-        others["results_fa2"].backend = FlashInferBackend(backend.spec, kernels="fa2", fallback=False)
+        others["results_fa2"].backend = FlashInferBackend(backend.spec, kernels="fa2")
     result = {"env": environment(device), "model": {**QWEN3_06B, "num_hidden_layers": layers}}
     result["compare"] = list(others)
     result["kernels"] = getattr(backend, "kernels", backend.name)
     result["model_kernels"] = {"results": "flashinfer" if model.fused else "torch", "results_eager": "torch"}
-    result["timing"] = "wall ms of Engine.forward, synchronised before and after; median of round-robin runs"
+    result["timing"] = (
+        "wall ms of ModelRunner.forward, synchronised before and after; median of round-robin runs"
+    )
     result["graph_capture_s"] = engine.capture_graphs()
     result["graph_buckets"] = engine.graphs.buckets if engine.graphs else []
     counts = sorted({*result["graph_buckets"], *(n * graph_max_tokens for n in (2, 4) if layers == 28)})

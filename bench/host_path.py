@@ -17,6 +17,7 @@ import statistics
 import time
 from pathlib import Path
 
+from scorer import readout
 from scorer.engine import EngineConfig
 from scorer.runtime import build_engine
 from scorer.server.batcher import Scored
@@ -82,11 +83,10 @@ def measure(engine, calls: list[bytes], batch: int) -> dict[str, float]:
         req = timed("convert", request_from_proto, msg, str(i))
         t = timed("tokenize", engine.tokenize, req)
         tokenized.append(t)
-        scheme = engine.resolve_scheme(t)
-        result = engine._result(t, scheme, [(-0.1, -2.0)] * len(t.items))
+        result = readout.result(t, [(-0.1, -2.0)] * len(t.items))
 
-        def respond(msg=msg, result=result, i=i):
-            return response_to_proto(msg, str(i), "m", Scored(result, 0.0, 0.0, batch), 0.0, 0.0)
+        def respond(t=t, result=result, i=i):
+            return response_to_proto(t, str(i), "m", Scored(result, 0.0, 0.0, batch), 0.0, 0.0)
 
         timed("respond", lambda: respond().SerializeToString())
     for j in range(0, len(tokenized) - batch + 1, batch):

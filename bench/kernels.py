@@ -27,11 +27,12 @@ import torch
 
 from scorer.attention.base import HeadSpec
 from scorer.attention.flashinfer import FlashInferBackend
-from scorer.planning import Plan, Shape, article_choice, check_plan, planner
-from scorer.schemes import UNGROUPED as SCHEMES
+from scorer.planning import REGISTRY, Plan, Shape, article_choice, check_plan, get
 
 from .paging import to_pages
 from .timing import environment, time_gpu, time_host, write_json
+
+SCHEMES = tuple(n for n, s in REGISTRY.items() if not s.grouped)
 
 HEADS, KV_HEADS, HEAD_DIM = 16, 8, 128
 DTYPE = torch.float16
@@ -63,7 +64,7 @@ class Variant:
         return f"{name}/{self.kernel}" + (f"/p{self.page}" if self.page != 1 else "")
 
     def planner(self):
-        return planner(self.scheme, self.group or 8)
+        return get(self.scheme).planner(self.group or 8)
 
 
 def variants(kernels: tuple[str, ...], m: int, pages: tuple[int, ...] = (1,)) -> list[Variant]:
@@ -96,7 +97,7 @@ class Runner:
     def backend(self, kernel: str, index: int) -> FlashInferBackend:
         key = (kernel, index)
         if key not in self.backends:
-            self.backends[key] = FlashInferBackend(self.spec, kernels=kernel, fallback=False)
+            self.backends[key] = FlashInferBackend(self.spec, kernels=kernel)
         return self.backends[key]
 
     def inputs(self, plan: Plan, qkv: list[torch.Tensor]):

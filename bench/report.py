@@ -11,7 +11,9 @@ import math
 from pathlib import Path
 from statistics import geometric_mean
 
-from scorer.schemes import UNGROUPED
+from scorer.planning import REGISTRY as _REG
+
+UNGROUPED = tuple(n for n, s in _REG.items() if not s.grouped)
 
 ARTICLE_CELLS = [(p, s, m) for p in (96, 8196) for s in (4, 256) for m in (2, 32)]
 ROWS = list(UNGROUPED) + ["grouped:4", "grouped:8", "grouped:16"]
@@ -244,7 +246,9 @@ def eager_vs_graphs_table(e2e: dict) -> str:
 def e2e_section(e2e: dict) -> str:
     """The forward without attention, eager vs graphs, the held-out evaluation (both objectives)
     and every cell's fastest scheme."""
-    from scorer.planning.cost_model import CostModel, evaluate, evaluation_markdown
+    from scorer.planning.cost_model import CostModel
+
+    from .cost_fit import evaluate, evaluation_markdown
 
     model = CostModel.load()
     parts = [
@@ -276,7 +280,7 @@ def main(argv: list[str] | None = None) -> None:
         parts.append("## Article grid\n\n" + article_tables(d) + "\n" + best_table(d))
     wide = a.data / "kernels_wide.json"
     if wide.exists():
-        from scorer.planning.cost_model import merge_grids
+        from .cost_fit import merge_grids
 
         fa3 = merge_grids(
             [json.loads(p.read_text()) for p in (wide, a.data / "kernels_wide_p16384.json") if p.exists()]

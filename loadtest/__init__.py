@@ -1,10 +1,13 @@
-"""Load testing for the ScoreDocs service: synthetic request sets, an open/closed-loop gRPC driver, reports.
+"""Load tests for the scorer's gRPC ScoreDocs service: request generation (``gen``), an open-loop
+driver with a report (``run``, ``report``), a stub server for testing the tool itself (``stub``).
+See docs/loadtest.md."""
 
-``python -m loadtest.gen`` writes requests, ``python -m loadtest.run`` replays them against a target,
-``python -m loadtest.report compare`` puts two reports side by side, ``python -m loadtest.stub`` is a
-no-model server for measuring the generator itself (``python -m loadtest.capacity``).
-"""
 
-from scorer.schemes import SCHEMES  # torch-free
+def schemes() -> tuple[str, ...]:
+    """The scheme names a call may ask for (the scorer's registry; imported on first use)."""
+    from scorer.planning import names
 
-__all__ = ["SCHEMES"]
+    return names()
+
+
+__all__ = ["schemes"]

@@ -24,7 +24,7 @@ from google.protobuf import json_format
 
 from scorer.v1 import scorer_pb2
 
-from . import SCHEMES
+from . import schemes
 from .words import WORDS
 
 DEFAULT_ID_RANGE = (32, 256)  # byte-level tokens: ordinary, never special, in any vocabulary >= 256
@@ -152,12 +152,12 @@ def load_tokenizer(path: str) -> object:
 def parse_scheme_mix(spec: str) -> dict[str, float]:
     """``naive`` | ``naive,cascade`` (equal shares) | ``naive=3,cascade=1`` | ``all``."""
     if spec == "all":
-        return dict.fromkeys(SCHEMES, 1.0)
+        return dict.fromkeys(schemes(), 1.0)
     mix: dict[str, float] = {}
     for part in spec.split(","):
         name, _, weight = part.strip().partition("=")
-        if name not in SCHEMES:
-            raise argparse.ArgumentTypeError(f"unknown scheme {name!r}; known: {', '.join(SCHEMES)}")
+        if name not in schemes():
+            raise argparse.ArgumentTypeError(f"unknown scheme {name!r}; known: {', '.join(schemes())}")
         mix[name] = float(weight) if weight else 1.0
     if not mix or min(mix.values()) < 0 or sum(mix.values()) <= 0:
         raise argparse.ArgumentTypeError(f"bad scheme mix {spec!r}")

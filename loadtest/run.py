@@ -18,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import SCHEMES, report
+from . import report
+from . import schemes as scheme_names
 from . import metrics as m
 from .driver import MAX_DURATION_S, Call, DriveConfig, compile_calls, drive
 from .gen import read_jsonl
@@ -75,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rates = [float(x) for x in args.sweep.split(",")] if args.sweep else [args.rate or 0.0]
         schemes = args.schemes.split(",") if args.schemes else [None]
-        if any(s not in SCHEMES for s in schemes if s is not None):
-            raise ValueError(f"unknown scheme in {args.schemes!r}; known: {', '.join(SCHEMES)}")
+        if any(s not in scheme_names() for s in schemes if s is not None):
+            raise ValueError(f"unknown scheme in {args.schemes!r}; known: {', '.join(scheme_names())}")
         if args.sweep and any(r <= 0 for r in rates):
             raise ValueError("sweep rates must be positive")
         if not 0 <= args.warmup < args.duration <= MAX_DURATION_S:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import re
@@ -12,18 +13,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .attention import BACKENDS
-from .planning import SCHEMES
-from .request import (
-    DOC_SPECIAL_TOKENS,
-    SCORE_MODES,
-    TEMPLATES,
-    TRUNCATE_MODES,
-    Doc,
-    InvalidInput,
-    ScoreOptions,
-    ScoreRequest,
-)
+from .readout import DocScore
+from .request import Doc, InvalidInput, ScoreRequest
+from .settings import SCORE, SERVE, add_arguments, add_request_arguments, from_args, request_options
 
 CHUNK_DOCS = 256  # docs per request when a file is large, so the progress bar moves
 
@@ -35,64 +27,43 @@ def main(argv: list[str] | None = None) -> int:
     score.add_argument("--prompt", required=True)
     score.add_argument("--docs", required=True, type=Path, help="JSONL file, one object per line")
     score.add_argument("--instruction", default="")
-    score.add_argument("--scheme", default="auto", choices=SCHEMES)
-    score.add_argument("--template", default=ScoreOptions.template, choices=sorted(TEMPLATES))
-    score.add_argument("--score-mode", default="softmax", choices=SCORE_MODES)
-    score.add_argument("--truncate", default="error", choices=TRUNCATE_MODES)
-    score.add_argument("--group-size", type=int, default=0)
-    score.add_argument(
-        "--doc-special-tokens",
-        default="parse",
-        choices=DOC_SPECIAL_TOKENS,
-        help="text: special-token strings in docs stay plain text (no control tokens from documents)",
-    )
-    _add_model_arguments(score)
+    add_request_arguments(score)
+    add_arguments(score, SCORE)
     serve = sub.add_parser("serve", help="run the gRPC ScoreDocs service")
-    try:
-        from .server import app
-    except ImportError:  # the gRPC server is not part of this build
-        app = None
-    if app is not None:
-        app.add_arguments(serve)
+    add_arguments(serve, SERVE)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "serve":
-        if app is None:
-            parser.error("the gRPC server is not available in this build")
+        try:
+            from .server import app
+        except ImportError as e:  # the gRPC server is not part of this build
+            parser.error(f"the gRPC server is not available in this build ({e})")
         return app.run(args)
     return _score(args)
 
 
-def _add_model_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--model", default=None, help="local Hugging Face checkpoint directory (default: tiny embedded)"
-    )
-    p.add_argument("--attention-backend", default="auto", choices=BACKENDS)
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-
-
 def _score(args: argparse.Namespace) -> int:
-    from .runtime import build_engine
+    from .attention import BackendUnavailable
 
     try:
+        settings = from_args(args, SCORE)
         docs = list(read_docs(args.docs))
     except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    engine = build_engine(args.model, args.attention_backend, args.device)
-    options = ScoreOptions(
-        scheme=args.scheme,
-        template=args.template,
-        score_mode=args.score_mode,
-        truncate=args.truncate,
-        group_size=args.group_size,
-        doc_special_tokens=args.doc_special_tokens,
-    )
+    try:
+        engine = settings.build_engine()
+    except BackendUnavailable as e:
+        print(f"error: {e} (or pass --attention-fallback torch)", file=sys.stderr)
+        return 2
+    options = request_options(args)
+    chunk_options = dataclasses.replace(options, top_n=0)  # top_n ranks the whole file, below
     schemes: set[str] = set()
+    scored: list[tuple[int, DocScore, str]] = []
     with tqdm(total=len(docs), unit="doc", file=sys.stderr, disable=len(docs) < CHUNK_DOCS) as bar:
         for start in range(0, max(len(docs), 1), CHUNK_DOCS):
             chunk = docs[start : start + CHUNK_DOCS]
-            req = ScoreRequest(args.prompt, chunk, instruction=args.instruction, options=options)
+            req = ScoreRequest(args.prompt, chunk, instruction=args.instruction, options=chunk_options)
             try:
                 result = engine.score(req)
             except InvalidInput as e:
@@ -100,12 +71,17 @@ def _score(args: argparse.Namespace) -> int:
                 print(f"error: {where}: {str(e).split(': ', 1)[1]}", file=sys.stderr)
                 return 2
             schemes.add(result.scheme)
-            for d in result.results:
-                line = {"index": start + d.index, "id": d.id, "score": d.score, "scheme": result.scheme}
-                if d.truncated_tokens:
-                    line["truncated_tokens"] = d.truncated_tokens
-                print(json.dumps(line))
+            scored += [(start + d.index, d, result.scheme) for d in result.results]
             bar.update(len(chunk))
+    if options.top_n:
+        scored = sorted(scored, key=lambda x: -x[1].score)[: options.top_n]
+    for index, d, scheme in scored:
+        line = {"index": index, "id": d.id, "score": d.score, "scheme": scheme}
+        if d.truncated_tokens:
+            line["truncated_tokens"] = d.truncated_tokens
+        if options.return_label_logprobs:
+            line["label_logprobs"] = list(d.label_logprobs)
+        print(json.dumps(line))
     print(f"scheme: {', '.join(sorted(schemes))}", file=sys.stderr)
     return 0
 

@@ -14,7 +14,6 @@ from prometheus_client import (
     Gauge,
     Histogram,
     ProcessCollector,
-    generate_latest,
     start_http_server,
 )
 
@@ -125,8 +124,9 @@ READY = Gauge(
 )
 MODEL_INFO = Gauge(
     "scorer_model_info",
-    "The loaded model (value 1), labelled by its name, attention backend, device and dtype.",
-    ["model", "attention_backend", "device", "dtype"],
+    "The loaded model (value 1), labelled by its name, the attention backend it runs and the one"
+    " asked for (they differ after --attention-fallback torch), device and dtype.",
+    ["model", "attention_backend", "attention_requested", "device", "dtype"],
     registry=REGISTRY,
 )
 
@@ -148,7 +148,3 @@ def serve_http(port: int, host: str) -> WSGIServer:
     """Expose ``/metrics`` on a background thread; ``shutdown()`` the returned server to stop."""
     server, _ = start_http_server(port, addr=host, registry=REGISTRY)
     return server
-
-
-def exposition() -> bytes:
-    return generate_latest(REGISTRY)

@@ -6,33 +6,28 @@ request proto. Batching, scores, status codes and trailers are those of ``scorer
 replica serves the ``scorer_`` Prometheus metrics on its own port. See docs/ray.md.
 
     serve run deploy/ray/serve.yaml
-    serve run scorer.ray_serve:build_app model_dir=/models/Qwen3-Reranker-0.6B
+    serve run scorer.ray_serve:build_app model=/models/Qwen3-Reranker-0.6B
 """
 
 # No ``from __future__ import annotations``: Ray validates builder args by the annotation's class.
 
 import asyncio
 import logging
-import time
-from typing import Literal
 from wsgiref.simple_server import WSGIServer
 
 import grpc
 from grpc_health.v1 import health_pb2
-from pydantic import BaseModel, ConfigDict
 from ray import serve
 from ray.serve import Application
 from ray.serve.config import gRPCOptions
 from ray.serve.grpc_util import RayServegRPCContext
 
 from . import metrics
-from .engine import Engine, EngineConfig
-from .server.app import DTYPES, LOG_FORMAT, SCORER_SERVICE
-from .server.batcher import BatchPolicy
-from .server.calls import Call, Inflight, RequestIdFilter, close_call, open_call
-from .server.convert import request_from_proto, response_to_proto
-from .server.interceptor import REQUEST_ID_KEY, status_for
-from .server.scoring import ScoringService, engine_config, ready_engine
+from .server.app import LOG_FORMAT, SCORER_SERVICE
+from .server.calls import RequestIdFilter
+from .server.handler import CallHandler, Metadata
+from .server.scoring import ScoringService, ready_engine
+from .settings import Settings, scorer_args_model
 from .v1 import scorer_pb2 as pb
 
 log = logging.getLogger("scorer.ray_serve")
@@ -41,7 +36,6 @@ GRPC_SERVICER_FUNCTIONS = [
     "scorer.v1.scorer_pb2_grpc.add_ScorerServicer_to_server",
     "grpc_health.v1.health_pb2_grpc.add_HealthServicer_to_server",
 ]
-SCORE_METHOD = f"/{SCORER_SERVICE}/ScoreDocs"
 HEALTHY_SERVICES = ("", SCORER_SERVICE)
 
 
@@ -52,45 +46,35 @@ def grpc_options(port: int = 9000, request_timeout_s: float | None = None) -> gR
     )
 
 
-_BATCH = BatchPolicy()
-_ENGINE = EngineConfig()
+ScorerArgs = scorer_args_model()
+"""The ``ray`` settings of ``scorer.settings.Settings`` as a pydantic model (unknown keys refused)."""
 
 
-class ScorerArgs(BaseModel):
-    """Arguments of one replica: the ``args`` of a serve config, or ``key=value`` after ``serve run``."""
+class RayFront:
+    """A call through Serve's gRPC proxy (``context``) or a deployment handle (None: failures raise).
+    Ray's proxy does not pass the client's deadline on: ``call_timeout_s`` stands in for it."""
 
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    def __init__(self, context: RayServegRPCContext | None, timeout_s: float | None) -> None:
+        self.context = context
+        self.timeout_s = timeout_s
 
-    model_dir: str | None = None
-    """Checkpoint directory; None: the embedded tiny model under $SCORER_CACHE_DIR."""
-    attention_backend: str = "auto"
-    device: str | None = None
-    """cuda or cpu; None: cuda when the replica sees a GPU."""
-    dtype: Literal["float32", "bfloat16", "float16"] | None = None
-    auto_policy: str = _ENGINE.auto_policy
-    cuda_graph_max_tokens: int = _ENGINE.cuda_graph_max_tokens
-    model_kernels: Literal["auto", "torch", "flashinfer"] = "auto"
-    max_batch_tokens: int = _BATCH.max_batch_tokens
-    max_wait_ms: float = _BATCH.max_wait_s * 1e3
-    max_queue: int = _BATCH.max_queue
-    max_docs: int = _ENGINE.max_docs
-    max_doc_tokens: int = _ENGINE.max_doc_tokens
-    call_timeout_s: float | None = None
-    """Deadline of each call from its arrival at the replica (Ray's proxy does not pass the client's
-    deadline on); it lets the batcher refuse or drop calls that cannot finish in time."""
-    metrics_host: str = "0.0.0.0"
-    metrics_port: int = 9464
-    """First port tried for /metrics; 0: no metrics server."""
-    metrics_port_tries: int = 8
-    """Replicas on one node take the next free port, up to this many from ``metrics_port``."""
-    log_level: str = "INFO"
+    def deadline(self, started: float) -> float | None:
+        return None if self.timeout_s is None else started + self.timeout_s
 
-    def batch_policy(self) -> BatchPolicy:
-        return BatchPolicy(
-            max_batch_tokens=self.max_batch_tokens,
-            max_wait_s=self.max_wait_ms / 1e3,
-            max_queue=self.max_queue,
-        )
+    def set_trailers(self, trailers: Metadata) -> None:
+        if self.context is not None:
+            self.context.set_trailing_metadata(list(trailers))
+
+    def cancelled_code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.CANCELLED
+
+    async def fail(self, code, message, trailers, exc) -> pb.ScoreDocsResponse:
+        if self.context is None:
+            raise exc
+        self.context.set_code(code)
+        self.context.set_details(message)
+        self.context.set_trailing_metadata(list(trailers))
+        return pb.ScoreDocsResponse()
 
 
 @serve.deployment(
@@ -102,15 +86,15 @@ class ScorerArgs(BaseModel):
 class ScorerDeployment:
     """One engine and one ScoringService per replica; ``ScoreDocs`` is the gRPC method."""
 
-    async def __init__(self, args: ScorerArgs | dict | None = None) -> None:
-        self.args = ScorerArgs.model_validate(args or {})
-        _configure_logging(self.args.log_level)
-        engine = await asyncio.to_thread(load_engine, self.args)
-        self.service = ScoringService(engine, self.args.batch_policy())
+    async def __init__(self, args: dict | None = None) -> None:
+        self.settings = Settings(**ScorerArgs.model_validate(args or {}).model_dump())
+        _configure_logging(self.settings.log_level)
+        engine = await asyncio.to_thread(ready_engine, self.settings)
+        self.handler = CallHandler()
+        self.service = self.handler.service = ScoringService(engine, self.settings.batch_policy())
         self.service.start()
-        self._inflight = Inflight()
         self._closing = False
-        self._metrics_http, self._metrics_port = _serve_metrics(self.args)
+        self._metrics_http, self._metrics_port = _serve_metrics(self.settings)
         metrics.READY.set(1)
         log.info("SERVING %s; metrics on port %s", engine.model_name, self._metrics_port or "off")
 
@@ -118,57 +102,8 @@ class ScorerDeployment:
         self, request: pb.ScoreDocsRequest, grpc_context: RayServegRPCContext | None = None
     ) -> pb.ScoreDocsResponse:
         """Score one call. Through the gRPC proxy a failure is answered with its status code, details
-        and trailers (as the standalone interceptor does); through a deployment handle it raises."""
-        call, token = open_call(SCORE_METHOD, request.request_id)
-        trailers = ((REQUEST_ID_KEY, call.request_id),)
-        code, message = grpc.StatusCode.OK, ""
-        self._inflight.enter()
-        try:
-            if grpc_context is not None:
-                grpc_context.set_trailing_metadata(list(trailers))
-            return await self._score(request, call)
-        except asyncio.CancelledError:
-            code = grpc.StatusCode.CANCELLED
-            raise
-        except Exception as exc:
-            code, message, extra = status_for(exc)
-            if code == grpc.StatusCode.INTERNAL:
-                log.exception("%s failed", SCORE_METHOD)
-            if grpc_context is None:
-                raise
-            grpc_context.set_code(code)
-            grpc_context.set_details(message)
-            grpc_context.set_trailing_metadata(list(trailers + extra))
-            return pb.ScoreDocsResponse()
-        finally:
-            seconds = time.monotonic() - call.started
-            self._inflight.leave()
-            metrics.observe_request(call.scheme, code.name, seconds)
-            log.info(
-                "%s %s scheme=%s %.1f ms%s",
-                SCORE_METHOD,
-                code.name,
-                call.scheme,
-                seconds * 1e3,
-                f": {message}" if message else "",
-            )
-            close_call(token)
-
-    async def _score(self, request: pb.ScoreDocsRequest, call: Call) -> pb.ScoreDocsResponse:
-        timeout = self.args.call_timeout_s
-        deadline = None if timeout is None else call.started + timeout
-        parsed = request_from_proto(request, call.request_id)
-        tokenized, tokenize_seconds = await self.service.tokenize(parsed)
-        call.scheme = self.service.scheme(tokenized)
-        scored = await self.service.score(tokenized, deadline, call.request_id)
-        return response_to_proto(
-            request,
-            call.request_id,
-            self.service.engine.model_name,
-            scored,
-            tokenize_seconds,
-            time.monotonic() - call.started,
-        )
+        and trailers (as ``scorer serve`` does); through a deployment handle it raises."""
+        return await self.handler.score_docs(request, RayFront(grpc_context, self.settings.call_timeout_s))
 
     async def Check(
         self, request: health_pb2.HealthCheckRequest, grpc_context: RayServegRPCContext | None = None
@@ -205,13 +140,7 @@ def build_app(args: ScorerArgs) -> Application:
     return ScorerDeployment.bind(args.model_dump())
 
 
-def load_engine(args: ScorerArgs) -> Engine:
-    """Build and warm up the engine on this replica's device, and label ``scorer_model_info``."""
-    dtype = DTYPES[args.dtype] if args.dtype else None
-    return ready_engine(args.model_dir, args.attention_backend, args.device, dtype, engine_config(args))
-
-
-def _serve_metrics(args: ScorerArgs) -> tuple[WSGIServer | None, int]:
+def _serve_metrics(args: Settings) -> tuple[WSGIServer | None, int]:
     """Start /metrics on the first free port from ``args.metrics_port``; (server, port) or (None, 0)."""
     if not args.metrics_port:
         return None, 0

@@ -1,4 +1,4 @@
-"""Scoring requests: what a caller sends, the templates, and validation into token ids.
+"""Scoring requests: what a caller sends, the templates, and validation into a ``Job``.
 
 A template splits ``[prefix + item]`` into a shared prefix (instruction + query) and one item
 per doc (``item_head + doc + item_tail``). The prefix and each doc are tokenized separately,
@@ -8,12 +8,12 @@ another by a merge across the boundary.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from .planning import SCHEMES, Shape
-from .planning.base import MAX_ITEM_LEN
+from .planning import Scheme, Shape, names
+from .planning.base import MAX_ITEM_LEN, PlanError
 
 SCORE_MODES = ("softmax", "logprob")
 TRUNCATE_MODES = ("error", "doc_end")
@@ -79,6 +79,8 @@ class ScoreOptions:
     max_doc_tokens: int = 0  # 0: the engine's limit
     group_size: int = 0  # for ``grouped``; 0: the engine's default
     doc_special_tokens: str = "parse"  # text: special-token strings in docs stay plain text
+    top_n: int = 0  # 0: every doc in input order; n: the best n by score, ties in input order
+    return_label_logprobs: bool = False  # the answer carries each doc's label log-probs
 
 
 @dataclass(frozen=True)
@@ -99,9 +101,12 @@ class Limits:
     vocab_size: int
 
 
-@dataclass(frozen=True)
-class Tokenized:
-    """A validated request: token ids of the prefix and of every item, and what was cut."""
+@dataclass(frozen=True, eq=False)
+class Job:
+    """A validated request, resolved once when it is tokenized: the token ids of the prefix and
+    of every item, what was cut, the label ids, the shape, the concrete scheme and group size, and
+    the tokens it puts through the model. Everything downstream reads it; the options the answer
+    needs (``top_n``, ``return_label_logprobs``, ``score_mode``) are ``request.options``."""
 
     request: ScoreRequest
     prefix_ids: tuple[int, ...]
@@ -109,16 +114,24 @@ class Tokenized:
     doc_tokens: tuple[int, ...]
     truncated: tuple[int, ...]
     label_ids: tuple[int, ...]
+    shape: Shape
+    scheme: Scheme
+    group_size: int
+    tokens: int
 
     @property
-    def shape(self) -> Shape:
-        return Shape(len(self.prefix_ids), tuple(len(i) for i in self.items))
+    def options(self) -> ScoreOptions:
+        return self.request.options
+
+
+Resolve = Callable[[Shape, ScoreOptions], tuple[Scheme, int]]
+"""(shape, options) -> the concrete scheme and group size (``auto`` resolved)."""
 
 
 def check_options(o: ScoreOptions) -> None:
-    if o.scheme not in ("", *SCHEMES):
+    if o.scheme not in ("", *names()):
         raise InvalidInput(
-            "options.scheme", f"unknown scheme {o.scheme!r}; expected one of {', '.join(SCHEMES)}"
+            "options.scheme", f"unknown scheme {o.scheme!r}; expected one of {', '.join(names())}"
         )
     if o.template not in ("", *TEMPLATES):
         raise InvalidInput(
@@ -135,10 +148,16 @@ def check_options(o: ScoreOptions) -> None:
         raise InvalidInput("options.max_doc_tokens", "must not be negative")
     if o.group_size < 0:
         raise InvalidInput("options.group_size", "must not be negative")
+    if o.top_n < 0:
+        raise InvalidInput("options.top_n", "must not be negative")
 
 
-def tokenize(req: ScoreRequest, tokenizer, limits: Limits) -> Tokenized:
-    """Validate ``req`` and turn it into token ids; raises InvalidInput naming the field."""
+def tokenize(
+    req: ScoreRequest, tokenizer, limits: Limits, resolve: Resolve, budget: int = 0, mask_cap: int = 0
+) -> Job:
+    """Validate ``req``, turn it into token ids and resolve its scheme; raises InvalidInput naming
+    the field. ``budget`` and ``mask_cap``: the engine's token budget per pass and custom-mask cap,
+    against which the scheme checks the shape."""
     o = req.options
     check_options(o)
     if not req.docs:
@@ -181,13 +200,24 @@ def tokenize(req: ScoreRequest, tokenizer, limits: Limits) -> Tokenized:
         items.append(head + ids + tail)
         doc_tokens.append(len(ids))
         truncated.append(cut)
-    return Tokenized(
+    labels = label_ids(o, tokenizer, limits.vocab_size)
+    shape = Shape(len(prefix), tuple(map(len, items)))
+    scheme, group = resolve(shape, o)
+    try:
+        scheme.check(shape, budget, mask_cap)
+    except PlanError as e:
+        raise InvalidInput("options.scheme", str(e)) from None
+    return Job(
         req,
         prefix,
         tuple(items),
         tuple(doc_tokens),
         tuple(truncated),
-        label_ids(o, tokenizer, limits.vocab_size),
+        labels,
+        shape,
+        scheme,
+        group,
+        scheme.rows(shape),
     )
 
 

@@ -1,4 +1,5 @@
-"""Building an engine from a checkpoint directory (or the embedded tiny default)."""
+"""Building an engine from a checkpoint directory (or the embedded tiny default): the attention
+backend and the model's kernels are decided here, once, before the model is built."""
 
 from __future__ import annotations
 
@@ -8,11 +9,25 @@ from pathlib import Path
 import torch
 
 from .attention import HeadSpec, make_backend
+from .config import ModelConfig
 from .engine import Engine, EngineConfig
 from .models.loader import load_model
 from .models.tiny import ensure_tiny_model
+from .runner import ModelRunner
 
 log = logging.getLogger(__name__)
+MODEL_KERNELS = ("auto", "torch", "flashinfer")
+
+
+def model_kernels(name: str, backend: str, device_type: str) -> str:
+    """Kernels of the model's elementwise work: ``torch`` (HF's op order and rounding) or
+    ``flashinfer`` (fused norm, RoPE, SiLU-and-mul); ``auto`` takes FlashInfer's with FlashInfer
+    attention on CUDA."""
+    if name not in MODEL_KERNELS:
+        raise ValueError(f"unknown model kernels {name!r}; expected one of {', '.join(MODEL_KERNELS)}")
+    if name == "auto":
+        return "flashinfer" if backend == "flashinfer" and device_type == "cuda" else "torch"
+    return name
 
 
 def build_engine(
@@ -21,15 +36,21 @@ def build_engine(
     device: str | None = None,
     dtype: torch.dtype | None = None,
     config: EngineConfig | None = None,
+    *,
+    attention_fallback: str = "none",
+    kernels: str = "auto",
+    cuda_graph_max_tokens: int = 16384,
 ) -> Engine:
-    """fp32 on CPU, bf16 on GPU unless ``dtype`` says otherwise; no ``model_dir``: the tiny default."""
+    """fp32 on CPU, bf16 on GPU unless ``dtype`` says otherwise; no ``model_dir``: the tiny default.
+    Raises BackendUnavailable when ``attention_backend`` cannot run the model (see make_backend)."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
     path = Path(model_dir) if model_dir else ensure_tiny_model()
-    model, tokenizer = load_model(path, dev, dtype)
-    mc = model.config
-    backend = make_backend(
-        attention_backend, HeadSpec(mc.num_heads, mc.num_kv_heads, mc.head_dim, dtype, dev)
-    )
-    log.info("model %s on %s (%s), attention %s", path, dev, dtype, backend.name)
-    return Engine(model, tokenizer, backend, config, model_name=path.name)
+    mc = ModelConfig.from_hf(path)
+    spec = HeadSpec(mc.num_heads, mc.num_kv_heads, mc.head_dim, dtype, dev)
+    backend = make_backend(attention_backend, spec, attention_fallback)
+    chosen = model_kernels(kernels, backend.name, dev.type)
+    model, tokenizer = load_model(path, dev, dtype, chosen)
+    log.info("model %s on %s (%s), attention %s, %s kernels", path, dev, dtype, backend.name, chosen)
+    runner = ModelRunner(model, backend, cuda_graph_max_tokens)
+    return Engine(runner, tokenizer, config, model_name=path.name)

@@ -96,7 +96,7 @@ def score_case(request: dict, settings: dict) -> dict:
 
     from scorer.engine import EngineConfig
     from scorer.runtime import build_engine
-    from scorer.server.convert import ranked, request_from_proto
+    from scorer.server.convert import request_from_proto
     from scorer.v1 import scorer_pb2 as pb
 
     engine = _engine(build_engine, EngineConfig, tuple(sorted(settings.items())))
@@ -115,7 +115,7 @@ def score_case(request: dict, settings: dict) -> dict:
                 "doc_tokens": d.doc_tokens,
                 "truncated_tokens": d.truncated_tokens,
             }
-            for d in ranked(result.results, msg.options.top_n)
+            for d in result.results  # top_n applied by the read-out
         ],
     }
 

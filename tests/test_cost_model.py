@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from scorer.planning.cost_model import DATA, CostModel, evaluate, fit, merge_grids
+from bench.cost_fit import evaluate, fit, merge_grids
+from scorer.planning.cost_model import DATA, CostModel
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "data"
 KERNELS = ("kernels_wide.json", "kernels_wide_p16384.json")
@@ -19,7 +20,7 @@ def load(name: str) -> dict:
 
 
 def test_packaged_model_is_the_fit_of_the_committed_measurements():
-    """``python -m scorer.planning.cost_model fit bench/data/e2e.json bench/data/kernels_wide*.json``
+    """``python -m bench.cost_fit fit bench/data/e2e.json bench/data/kernels_wide*.json``
     (without the FA2 grid) reproduces scorer/planning/cost_model.json."""
     refit = fit(merge_grids([load(k) for k in KERNELS]), load("e2e.json"))
     packaged = json.loads(DATA.read_text())

@@ -9,13 +9,19 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from scorer.engine import EngineConfig
-from scorer.planning import PLANNERS
+from scorer.engine import Engine, EngineConfig
+from scorer.models.graphs import GraphedDecoder
+from scorer.planning import REGISTRY, get
 from scorer.request import Doc, InvalidInput, Limits, ScoreOptions, ScoreRequest, tokenize
+from scorer.runner import ModelRunner
 from scorer.runtime import build_engine
 
-SCHEMES = [s for s in PLANNERS if s != "naive"]
+SCHEMES = [s for s in REGISTRY if s != "naive"]
 VOCAB = 256  # plain byte tokens of the tiny tokenizer
+
+
+def RAGGED(shape, options):  # noqa: N802 (a resolver for tokenize() alone)
+    return get("ragged"), 0
 
 
 @pytest.fixture(scope="module")
@@ -92,22 +98,22 @@ def test_score_does_not_depend_on_batch_or_doc_order(engine, seed, schemes):
 def test_prompt_passes_through_the_model_once(engine, scheme):
     rng = random.Random(7)
     prompt, docs = random_ids(rng, 50), [random_ids(rng, n) for n in (3, 9, 4, 1)]
-    engine.stats.clear()
-    engine.backend.stats.clear()
+    engine.runner.stats.clear()
+    engine.runner.backend.stats.clear()
     result = engine.score(ids_request(prompt, docs, scheme))
-    layers = engine.model.config.num_layers
-    assert engine.stats["tokens_computed"] == 50 + 17 == result.usage.tokens_computed
+    layers = engine.runner.model.config.num_layers
+    assert engine.runner.stats["tokens_computed"] == 50 + 17 == result.usage.tokens_computed
     assert result.usage.tokens_saved == 3 * 50
-    assert engine.stats["lm_head_rows"] == 4
-    assert engine.stats["forward_passes"] == (2 if scheme == "split_cache" else 1)
+    assert engine.runner.stats["lm_head_rows"] == 4
+    assert engine.runner.stats["forward_passes"] == (2 if scheme == "split_cache" else 1)
     if scheme == "cascade":
-        assert engine.backend.stats == {"calls": 3 * layers, "merges": layers}
+        assert engine.runner.backend.stats == {"calls": 3 * layers, "merges": layers}
 
 
 def test_naive_recomputes_the_prompt_per_doc(engine):
-    engine.stats.clear()
+    engine.runner.stats.clear()
     result = engine.score(ids_request([1] * 50, [[2] * 3, [3] * 4], "naive"))
-    assert engine.stats["tokens_computed"] == 2 * 50 + 7 == result.usage.tokens_computed
+    assert engine.runner.stats["tokens_computed"] == 2 * 50 + 7 == result.usage.tokens_computed
 
 
 def test_request_over_the_token_budget_is_split_and_still_exact(tmp_path, monkeypatch, engine):
@@ -116,10 +122,10 @@ def test_request_over_the_token_budget_is_split_and_still_exact(tmp_path, monkey
     rng = random.Random(3)
     prompt, docs = random_ids(rng, 40), [random_ids(rng, 10) for _ in range(8)]
     for scheme in ("multi_item", "ragged", "cascade"):
-        small.stats.clear()
+        small.runner.stats.clear()
         got = small.score(ids_request(prompt, docs, scheme))
-        assert small.stats["forward_passes"] > 1
-        assert small.stats["tokens_computed"] == 40 + 80
+        assert small.runner.stats["forward_passes"] > 1
+        assert small.runner.stats["tokens_computed"] == 40 + 80
         torch.testing.assert_close(
             logprobs(got), logprobs(engine.score(ids_request(prompt, docs, "naive"))), atol=1e-4, rtol=0
         )
@@ -201,7 +207,7 @@ def _req(prompt="q", docs=("d",), **options):
 )
 def test_bad_input_names_the_field(engine, req, limits, field, message):
     with pytest.raises(InvalidInput, match=message) as err:
-        tokenize(req, engine.tokenizer, limits)
+        tokenize(req, engine.tokenizer, limits, RAGGED)
     assert err.value.field == field
 
 
@@ -218,11 +224,11 @@ def test_labels_are_looked_up_without_building_a_large_vocabulary(monkeypatch):
     tok = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="[UNK]")
     monkeypatch.setattr(PreTrainedTokenizerFast, "get_vocab", lambda self: pytest.fail("get_vocab called"))
     limits = Limits(max_docs=4, max_doc_tokens=10, max_positions=40, vocab_size=len(vocab))
-    t = tokenize(_req(prompt="w1 w2", docs=("w3",)), tok, limits)
+    t = tokenize(_req(prompt="w1 w2", docs=("w3",)), tok, limits, RAGGED)
     assert t.label_ids == (151_641, 151_642) and t.prefix_ids == (1, 2)
-    assert tokenize(_req(label_tokens=("[UNK]",)), tok, limits).label_ids == (151_640,)
+    assert tokenize(_req(label_tokens=("[UNK]",)), tok, limits, RAGGED).label_ids == (151_640,)
     with pytest.raises(InvalidInput, match="not a single token") as err:
-        tokenize(_req(label_tokens=("yes", "maybe")), tok, limits)
+        tokenize(_req(label_tokens=("yes", "maybe")), tok, limits, RAGGED)
     assert err.value.field == "options.label_tokens[1]"
 
 
@@ -242,9 +248,9 @@ def test_doc_special_tokens_parse_by_default_or_stay_text(engine):
 
 
 def test_truncate_doc_end_cuts_and_reports(engine):
-    t = tokenize(_req(docs=("x" * 25, "y" * 3), truncate="doc_end"), engine.tokenizer, LIMITS)
+    t = tokenize(_req(docs=("x" * 25, "y" * 3), truncate="doc_end"), engine.tokenizer, LIMITS, RAGGED)
     assert t.truncated == (15, 0) and t.doc_tokens == (10, 3)
-    t = tokenize(_req(prompt="p" * 35, docs=("x" * 8,), truncate="doc_end"), engine.tokenizer, LIMITS)
+    t = tokenize(_req(prompt="p" * 35, docs=("x" * 8,), truncate="doc_end"), engine.tokenizer, LIMITS, RAGGED)
     assert t.truncated == (3,) and len(t.prefix_ids) + len(t.items[0]) == 40
     result = engine.score(_req(docs=("x" * 600,), truncate="doc_end"))
     assert result.results[0].truncated_tokens == 600 - 512
@@ -260,9 +266,10 @@ def test_custom_mask_over_its_cap_is_refused_naming_the_scheme(tmp_path, monkeyp
 
 
 def test_auto_resolves_to_a_concrete_scheme_by_policy(engine):
-    from scorer.engine import auto_policy
-    from scorer.planning import Shape, article_choice
-    from scorer.schemes import CONCRETE
+    from scorer.planning import REGISTRY, Shape, article_choice
+    from scorer.planning.choose import auto_policy
+
+    CONCRETE = tuple(REGISTRY)
 
     req = ids_request([1] * 30, [[2] * 5] * 3, "auto")
     assert engine.score(req).scheme == "ragged"  # the torch backend on the CPU
@@ -282,12 +289,9 @@ def test_auto_resolves_to_a_concrete_scheme_by_policy(engine):
 def graphed(engine):
     """The module's engine with its forward cut into the piecewise-graph segments over padded
     token buckets (run eagerly: capture needs CUDA); passes over 128 tokens stay eager."""
-    from scorer.engine import Engine
-    from scorer.models.graphs import GraphedDecoder
-
-    g = Engine(engine.model, engine.tokenizer, engine.backend, engine.config)
-    g.graphs = GraphedDecoder(engine.model, 128, capture=False)
-    g.capture_graphs()
+    g = Engine(ModelRunner(engine.runner.model, engine.runner.backend), engine.tokenizer, engine.config)
+    g.runner.graphs = GraphedDecoder(engine.runner.model, 128, capture=False)
+    g.runner.capture_graphs()
     return g
 
 
@@ -297,29 +301,26 @@ def test_graph_segments_over_padded_buckets_score_as_the_eager_model(engine, gra
     seed, p, lens = req
     rng = random.Random(seed)
     request = ids_request(random_ids(rng, p), [random_ids(rng, n) for n in lens], scheme)
-    graphed.graphs.stats.clear()
-    graphed.stats.clear()
+    graphed.runner.graphs.stats.clear()
+    graphed.runner.stats.clear()
     got = graphed.score(request)
     torch.testing.assert_close(logprobs(got), logprobs(engine.score(request)), atol=1e-4, rtol=0)
-    stats = graphed.graphs.stats
-    assert stats["graphed_forwards"] + stats["eager_forwards"] == graphed.stats["forward_passes"]
-    if graphed.num_tokens(graphed.tokenize(request)) <= 128:
+    stats = graphed.runner.graphs.stats
+    assert stats["graphed_forwards"] + stats["eager_forwards"] == graphed.runner.stats["forward_passes"]
+    if graphed.tokenize(request).tokens <= 128:
         assert stats["eager_forwards"] == 0
 
 
 def test_graphs_that_do_not_fit_leave_the_engine_eager(engine, monkeypatch, caplog):
-    from scorer.engine import Engine
-    from scorer.models.graphs import GraphedDecoder
-
-    g = Engine(engine.model, engine.tokenizer, engine.backend, engine.config)
-    g.graphs = GraphedDecoder(engine.model, 64, capture=False)
+    g = Engine(ModelRunner(engine.runner.model, engine.runner.backend), engine.tokenizer, engine.config)
+    g.runner.graphs = GraphedDecoder(engine.runner.model, 64, capture=False)
 
     def no_memory():
         raise torch.OutOfMemoryError("fake")
 
-    monkeypatch.setattr(g.graphs, "warm_up", no_memory)
+    monkeypatch.setattr(g.runner.graphs, "warm_up", no_memory)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
-    assert g.capture_graphs() == 0.0 and g.graphs is None
+    assert g.runner.capture_graphs() == 0.0 and g.runner.graphs is None
     assert "forwards run eagerly" in caplog.text
     request = ids_request([1, 2, 3], [[4, 5], [6]], "ragged")
     torch.testing.assert_close(logprobs(g.score(request)), logprobs(engine.score(request)), atol=1e-6, rtol=0)

@@ -15,7 +15,7 @@ from scorer.attention import HeadSpec, TorchBackend
 from scorer.config import ModelConfig
 from scorer.models import DecoderLM, tiny
 from scorer.models.loader import load_model
-from scorer.planning import PLANNERS, Shape
+from scorer.planning import REGISTRY, Shape
 
 SEQ_LEN = 20
 VOCAB = 300  # >= the tiny tokenizer (264 tokens), which the test checkpoints reuse
@@ -42,7 +42,7 @@ def reference_backend(model: DecoderLM, n: int) -> TorchBackend:
     backend = TorchBackend(
         HeadSpec(c.num_heads, c.num_kv_heads, c.head_dim, torch.float32, torch.device("cpu"))
     )
-    backend.plan(PLANNERS["naive"]([Shape(n // 2, (n - n // 2,))]).passes[0])
+    backend.plan(REGISTRY["naive"].plan([Shape(n // 2, (n - n // 2,))]).passes[0])
     return backend
 
 
@@ -251,8 +251,9 @@ def test_graph_buckets_cover_every_count_with_bounded_padding(max_tokens: int) -
 
 @pytest.mark.parametrize("case", ["qwen3-tied", "llama3-rope", "llama-attention-bias"])
 def test_fused_kernel_wiring_matches_the_eager_model(case: str, tmp_path: Path, monkeypatch) -> None:
-    """use_fused_kernels (merged gate/up, in-place residual add, RoPE cache layout), eagerly and
-    through the graph segments, against the unfused model; FlashInfer swapped for TorchFused."""
+    """The model built with kernels="flashinfer" (merged gate/up, in-place residual add, RoPE cache
+    layout), eagerly and through the graph segments, against the torch-kernel model; FlashInfer
+    swapped for TorchFused."""
     from scorer.models import fused
     from scorer.models.graphs import GraphedDecoder
 
@@ -261,9 +262,8 @@ def test_fused_kernel_wiring_matches_the_eager_model(case: str, tmp_path: Path, 
     model_dir = save_hf_checkpoint(CASES[case], tmp_path)
     input_ids = torch.randint(0, VOCAB, (SEQ_LEN,), generator=torch.Generator().manual_seed(2))
     positions = torch.arange(100, 100 + SEQ_LEN)
-    model = load_model(model_dir, dtype=torch.float32)[0]
-    expected = ours_logits(model, input_ids, positions)
-    model.use_fused_kernels()
+    expected = ours_logits(load_model(model_dir, dtype=torch.float32)[0], input_ids, positions)
+    model = load_model(model_dir, dtype=torch.float32, kernels="flashinfer")[0]
     assert model.fused and model.model.layers[0].mlp.gate_proj.weight.data_ptr() == (
         model.model.layers[0].mlp.gate_up[0].data_ptr()
     )

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from bench.paging import to_pages, unpage
-from scorer.planning import PLANNERS, Shape
+from scorer.planning import REGISTRY, Shape
 from scorer.planning.base import AttentionCall
 
 
@@ -14,10 +14,10 @@ def _requests(c: AttentionCall) -> list[list[int]]:
     return [c.kv_indices[kvp[i] : kvp[i + 1]].tolist() for i in range(c.num_requests)]
 
 
-@pytest.mark.parametrize("scheme", sorted(PLANNERS))
+@pytest.mark.parametrize("scheme", sorted(REGISTRY))
 @pytest.mark.parametrize("page_size", [1, 5, 16])
 def test_every_request_reads_the_same_slots_through_its_pages(scheme: str, page_size: int) -> None:
-    plan = PLANNERS[scheme]([Shape(37, (3, 16, 9)), Shape(8, (1,))])
+    plan = REGISTRY[scheme].plan([Shape(37, (3, 16, 9)), Shape(8, (1,))])
     for p in plan.passes:
         paged = to_pages(p, page_size)
         for old, new in zip(p.calls, paged.pass_.calls, strict=True):
@@ -27,7 +27,7 @@ def test_every_request_reads_the_same_slots_through_its_pages(scheme: str, page_
 
 
 def test_a_shared_prompt_keeps_its_full_pages_shared() -> None:
-    (p,) = PLANNERS["ragged"]([Shape(40, (7, 7, 7))]).passes
+    (p,) = REGISTRY["ragged"].plan([Shape(40, (7, 7, 7))]).passes
     paged = to_pages(p, 16)
     # pages 0-15 and 16-31 of the prompt once; per doc one page: prompt 32-39 + the doc's 7
     assert len(paged.slot_of) == 16 * (2 + 3)

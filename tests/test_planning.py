@@ -5,22 +5,22 @@ import pytest
 import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
+from replay import replay_attention
 
 from scorer.attention.base import HeadSpec
-from scorer.attention.kvpool import replay_attention
 from scorer.attention.torch_ref import TorchBackend, request_mask
-from scorer.planning import PLANNERS, PlanError, Shape, check_plan, combine, planner
+from scorer.planning import REGISTRY, PlanError, Shape, check_plan, combine, get
 from scorer.planning.base import MultiItem, multi_item_meta
 from scorer.planning.packbits import multi_item_mask, pack_segments, unpack_segment
 from scorer.planning.split import chunk_items, split_to_budget
 
 EXAMPLE = [Shape(96, (4, 4))]
-CONCRETE = [s for s in PLANNERS if s != "naive"] + ["grouped:1", "grouped:3"]
+CONCRETE = [s for s in REGISTRY if s != "naive"] + ["grouped:1", "grouped:3"]
 
 
 def _plan(name: str, shapes):
     scheme, _, g = name.partition(":")
-    return planner(scheme, int(g or 8))(shapes)
+    return get(scheme).planner(int(g or 8))(shapes)
 
 
 def ints(t: torch.Tensor) -> list[int]:
@@ -28,7 +28,7 @@ def ints(t: torch.Tensor) -> list[int]:
 
 
 def test_ragged_worked_example_matches_article():
-    (p,) = PLANNERS["ragged"](EXAMPLE).passes
+    (p,) = REGISTRY["ragged"].plan(EXAMPLE).passes
     (c,) = p.calls
     assert ints(c.qo_indptr) == [0, 100, 104]
     assert ints(c.kv_indptr) == [0, 100, 200]
@@ -37,7 +37,7 @@ def test_ragged_worked_example_matches_article():
 
 
 def test_multi_item_worked_example_matches_article():
-    (p,) = PLANNERS["multi_item"](EXAMPLE).passes
+    (p,) = REGISTRY["multi_item"].plan(EXAMPLE).passes
     (c,) = p.calls
     assert ints(c.qo_indptr) == [0, 104] and ints(c.kv_indptr) == [0, 104]
     assert ints(c.kv_indices) == list(range(104))
@@ -48,7 +48,7 @@ def test_multi_item_worked_example_matches_article():
 
 
 def test_cascade_worked_example_has_three_levels():
-    (p,) = PLANNERS["cascade"](EXAMPLE).passes
+    (p,) = REGISTRY["cascade"].plan(EXAMPLE).passes
     prefix, shared, unique = p.calls
     assert prefix.rows == (0, 96) and prefix.causal and ints(prefix.qo_indptr) == [0, 96]
     assert ints(prefix.kv_indices) == list(range(96))
@@ -60,14 +60,14 @@ def test_cascade_worked_example_has_three_levels():
 
 
 def test_naive_worked_example_recomputes_prefix():
-    (p,) = PLANNERS["naive"](EXAMPLE).passes
+    (p,) = REGISTRY["naive"].plan(EXAMPLE).passes
     (c,) = p.calls
     assert ints(c.qo_indptr) == [0, 100, 200] and ints(c.kv_indices) == list(range(200))
     assert ints(p.logical[:96]) == ints(p.logical[100:196]) == list(range(96))
 
 
 def test_split_cache_worked_example_is_two_passes():
-    first, second = PLANNERS["split_cache"](EXAMPLE).passes
+    first, second = REGISTRY["split_cache"].plan(EXAMPLE).passes
     assert ints(first.calls[0].qo_indptr) == [0, 100] and first.slot_offset == 0
     assert second.slot_offset == 100 and ints(second.logical) == list(range(100, 104))
     (c,) = second.calls
@@ -75,7 +75,7 @@ def test_split_cache_worked_example_is_two_passes():
 
 
 def test_custom_mask_worked_example_packs_the_multi_item_mask():
-    (p,) = PLANNERS["custom_mask"](EXAMPLE).passes
+    (p,) = REGISTRY["custom_mask"].plan(EXAMPLE).passes
     (c,) = p.calls
     assert ints(c.custom_mask.indptr) == [0, (104 * 104 + 7) // 8]
     mask = unpack_segment(c.custom_mask, 0, 104, 104)
@@ -85,15 +85,18 @@ def test_custom_mask_worked_example_packs_the_multi_item_mask():
 
 def test_grouped_spans_ragged_and_multi_item():
     shapes = [Shape(5, (2, 3, 1, 4))]
-    g1, rag = planner("grouped", 1)(shapes).passes[0].calls[0], PLANNERS["ragged"](shapes).passes[0].calls[0]
+    g1, rag = (
+        get("grouped").planner(1)(shapes).passes[0].calls[0],
+        REGISTRY["ragged"].plan(shapes).passes[0].calls[0],
+    )
     assert ints(g1.qo_indptr) == ints(rag.qo_indptr) and ints(g1.kv_indices) == ints(rag.kv_indices)
     g4, mi = (
-        planner("grouped", 4)(shapes).passes[0].calls[0],
-        PLANNERS["multi_item"](shapes).passes[0].calls[0],
+        get("grouped").planner(4)(shapes).passes[0].calls[0],
+        REGISTRY["multi_item"].plan(shapes).passes[0].calls[0],
     )
     assert ints(g4.qo_indptr) == ints(mi.qo_indptr)
     assert ints(g4.multi_item.token_pos_in_items) == ints(mi.multi_item.token_pos_in_items)
-    g2 = planner("grouped", 2)(shapes).passes[0].calls[0]
+    g2 = get("grouped").planner(2)(shapes).passes[0].calls[0]
     assert ints(g2.qo_indptr) == [0, 10, 15]
     assert ints(g2.kv_indices) == list(range(10)) + list(range(5)) + list(range(10, 15))
     assert ints(g2.multi_item.token_pos_in_items) == [1, 2, 1, 2, 3, 1, 1, 2, 3, 4]
@@ -110,7 +113,7 @@ def test_packbits_little_bit_order_per_segment():
 
 
 def test_multi_item_mask_from_metadata_hides_other_items():
-    c = PLANNERS["multi_item"]([Shape(2, (2, 2))]).passes[0].calls[0]
+    c = REGISTRY["multi_item"].plan([Shape(2, (2, 2))]).passes[0].calls[0]
     expected = torch.tensor(
         [[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0], [1, 1, 0, 0, 1, 0],
          [1, 1, 0, 0, 1, 1]], dtype=torch.bool)  # fmt: skip
@@ -118,7 +121,7 @@ def test_multi_item_mask_from_metadata_hides_other_items():
 
 
 def test_check_rejects_max_item_len_below_longest_item():
-    plan = PLANNERS["multi_item"]([Shape(3, (4, 2))])
+    plan = REGISTRY["multi_item"].plan([Shape(3, (4, 2))])
     c = plan.passes[0].calls[0]
     bad = MultiItem(
         c.multi_item.prefix_len, c.multi_item.token_pos_in_items, 6, torch.tensor([3], dtype=torch.int32)
@@ -131,7 +134,7 @@ def test_check_rejects_max_item_len_below_longest_item():
 
 
 def test_check_caps_custom_mask_size():
-    plan = PLANNERS["custom_mask"]([Shape(40, (30, 30))])
+    plan = REGISTRY["custom_mask"].plan([Shape(40, (30, 30))])
     check_plan(plan, 100)
     with pytest.raises(PlanError, match="custom mask over 99"):
         check_plan(plan, 99)
@@ -139,7 +142,7 @@ def test_check_caps_custom_mask_size():
 
 def test_check_rejects_items_over_uint16_positions():
     with pytest.raises(PlanError, match="65535"):
-        check_plan(PLANNERS["ragged"]([Shape(1, (65536,))]), 32768)
+        check_plan(REGISTRY["ragged"].plan([Shape(1, (65536,))]), 32768)
     meta = multi_item_meta([1], [[65536]])
     assert int(meta.max_item_len[0]) == 65536
 
@@ -183,7 +186,7 @@ def test_every_scheme_attention_rows_equal_naive(shapes, scheme):
     q, k, v = _random_qkv(shapes)
     plan = _plan(scheme, shapes)
     check_plan(plan, 32768)
-    expected = replay_attention(PLANNERS["naive"](shapes), _backend(), q, k, v)
+    expected = replay_attention(REGISTRY["naive"].plan(shapes), _backend(), q, k, v)
     got = replay_attention(plan, _backend(), q, k, v)
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
 
@@ -196,14 +199,14 @@ def test_mixed_batch_equals_naive(shapes, schemes):
     plan = combine(parts)
     check_plan(plan, 32768)
     q, k, v = _random_qkv(shapes, seed=1)
-    expected = replay_attention(PLANNERS["naive"](shapes), _backend(), q, k, v)
+    expected = replay_attention(REGISTRY["naive"].plan(shapes), _backend(), q, k, v)
     torch.testing.assert_close(replay_attention(plan, _backend(), q, k, v), expected, atol=1e-4, rtol=1e-4)
 
 
 def test_cascade_runs_three_calls_and_one_merge_per_layer():
     backend = _backend()
     q, k, v = _random_qkv(EXAMPLE)
-    replay_attention(PLANNERS["cascade"](EXAMPLE), backend, q, k, v)
+    replay_attention(REGISTRY["cascade"].plan(EXAMPLE), backend, q, k, v)
     assert backend.stats == {"calls": 3, "merges": 1}
 
 
@@ -213,10 +216,10 @@ def test_cascade_runs_three_calls_and_one_merge_per_layer():
 @example(shape=Shape(50, (10,) * 12), scheme="split_cache", budget=80)
 def test_split_to_budget_reuses_the_prompt_and_equals_naive(shape, scheme, budget):
     name, _, g = scheme.partition(":")
-    plan = split_to_budget(planner(name, int(g or 8)), name, shape, budget, int(g or 8))
+    plan = split_to_budget(get(name), shape, budget, int(g or 8))
     check_plan(plan, 32768)
     q, k, v = _random_qkv([shape], seed=2)
-    expected = replay_attention(PLANNERS["naive"]([shape]), _backend(), q, k, v)
+    expected = replay_attention(REGISTRY["naive"].plan([shape]), _backend(), q, k, v)
     torch.testing.assert_close(replay_attention(plan, _backend(), q, k, v), expected, atol=1e-4, rtol=1e-4)
     prefix_rows = sum(int((p.logical < shape.prefix_len).sum()) for p in plan.passes)
     n_chunks = len(chunk_items(shape, budget, naive=name == "naive"))

@@ -86,7 +86,7 @@ def ray_scorer(model_dir: Path) -> Iterator[RayScorer]:
             http_options={"host": "127.0.0.1", "port": _free_port()}, grpc_options=grpc_options(grpc_port)
         )
         args = ScorerArgs(
-            model_dir=str(model_dir),
+            model=str(model_dir),
             device="cpu",
             max_wait_ms=50,
             metrics_host="127.0.0.1",
@@ -205,7 +205,7 @@ def test_grpc_health_and_scorer_metrics(ray_scorer):
     assert 'scorer_requests_total{code="OK",scheme="naive"}' in text
     assert 'scorer_requests_total{code="INVALID_ARGUMENT",scheme="none"}' in text
     assert "scorer_ready 1.0" in text
-    assert 'scorer_model_info{attention_backend="torch",device="cpu"' in text
+    assert 'scorer_model_info{attention_backend="torch",attention_requested="auto",device="cpu"' in text
 
 
 def test_serve_config_validates_and_is_the_kuberay_serve_config():

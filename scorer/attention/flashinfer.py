@@ -34,7 +34,6 @@ import torch
 from ..planning import Pass
 from ..planning.base import MAX_ITEM_LEN, AttentionCall, PlanError
 from .base import HeadSpec
-from .torch_ref import TorchBackend
 
 log = logging.getLogger(__name__)
 
@@ -86,10 +85,10 @@ class FlashInferBackend:
     kernels
         ``"fa2"``, ``"fa3"`` or ``"auto"`` (FA3 on sm90, FA2 otherwise; the custom mask always
         runs on FA2). ``$SCORER_FLASHINFER_KERNELS`` overrides ``"auto"``.
-    fallback
-        When FlashInfer cannot run ``spec`` (dtype, head_dim, device), or its kernel module
-        fails to load, log a warning and run the torch reference instead of raising
-        ``UnsupportedShape``.
+
+    Raises ``UnsupportedShape`` when FlashInfer cannot run ``spec`` (dtype, head_dim, device) and
+    ImportError when it is not installed: the choice of backend is made once, at start
+    (``scorer.attention.make_backend``), never by switching while serving.
     """
 
     name = "flashinfer"
@@ -98,7 +97,6 @@ class FlashInferBackend:
         self,
         spec: HeadSpec,
         kernels: str = "auto",
-        fallback: bool = True,
         workspace_bytes: int = WORKSPACE_BYTES,
     ) -> None:
         if kernels == "auto":
@@ -107,12 +105,9 @@ class FlashInferBackend:
             raise ValueError(f"unknown FlashInfer kernels {kernels!r}; expected one of {KERNELS}")
         self.spec = spec
         self.stats: Counter = Counter()
-        self._fallback: TorchBackend | None = None
-        self._allow_fallback = fallback
         reason = unsupported_reason(spec)
         if reason is not None:
-            self._fall_back(f"FlashInfer cannot run {reason}")
-            return
+            raise UnsupportedShape(f"FlashInfer cannot run {reason}")
         import flashinfer  # noqa: F401  (optional dependency; fails here, not in the layer loop)
 
         self.kernels = default_kernel(spec.device) if kernels == "auto" else kernels
@@ -124,36 +119,17 @@ class FlashInferBackend:
         self._groups: list[_Planned] = []
         self._num_calls = 0
 
-    @property
-    def fell_back(self) -> bool:
-        return self._fallback is not None
-
-    def _fall_back(self, why: str) -> None:
-        if not self._allow_fallback:
-            raise UnsupportedShape(why)
-        log.warning("%s; attention falls back to the torch reference backend", why)
-        self.name = "flashinfer->torch"
-        self._fallback = TorchBackend(self.spec)
-        self._fallback.stats = self.stats
-
     def kernel_for(self, c: AttentionCall) -> str:
         return "fa2" if c.custom_mask is not None else self.kernels
 
     def plan(self, p: Pass) -> None:
-        """Plan every call of ``p`` (host metadata -> device, no synchronisation)."""
-        if self._fallback is not None:
-            self._fallback.plan(p)
-            return
+        """Plan every call of ``p`` (host metadata -> device, no synchronisation). A failure
+        raises: the call fails, the backend stays FlashInfer."""
         slot = self._next_slot()
         groups = []
-        try:
-            for members in p.merge_groups():
-                wrappers = [self._plan_call(slot, i, p.calls[i]) for i in members]
-                groups.append(_Planned(p.calls[members[0]].rows, wrappers))
-        except (RuntimeError, ImportError, OSError) as e:  # a kernel module that cannot load
-            self._fall_back(f"FlashInfer plan failed ({type(e).__name__}: {e})")
-            self._fallback.plan(p)
-            return
+        for members in p.merge_groups():
+            wrappers = [self._plan_call(slot, i, p.calls[i]) for i in members]
+            groups.append(_Planned(p.calls[members[0]].rows, wrappers))
         ev = torch.cuda.Event()
         ev.record()
         self._ring_events[slot] = ev
@@ -234,8 +210,6 @@ class FlashInferBackend:
         torch.Tensor
             ``[rows, Hq, D]`` in ``q.dtype``.
         """
-        if self._fallback is not None:
-            return self._fallback.run(layer, q, k, v, out)
         kv = (k, v) if k.dim() == 4 else (k.unsqueeze(1), v.unsqueeze(1))
         out = torch.empty_like(q) if out is None else out
         for g in self._groups:

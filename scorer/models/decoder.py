@@ -2,9 +2,11 @@
 
 Parameter names equal those of transformers' *ForCausalLM, so HF safetensors load as they are.
 The attention callable gets RoPE'd (and, for Qwen3, q/k-normed) heads and applies the 1/sqrt(head_dim)
-scale and whatever masking it wants itself. Each layer is two halves around attention (``qkv`` and
-``finish``), so that a graph runner can replay everything but attention (``graphs.py``).
-``DecoderLM.use_fused_kernels`` moves the elementwise work to FlashInfer's fused kernels (``fused.py``).
+scale and whatever masking it wants itself. Each layer is two halves around attention (``layer_qkv``
+and ``layer_finish``), so that a graph runner can replay everything but attention (``graphs.py``).
+The elementwise kernels are chosen when the model is built: ``kernels="torch"`` (HF's op order and
+rounding) or ``"flashinfer"`` (FlashInfer's fused norm, RoPE and SiLU-and-mul, ``fused.py``, with
+gate and up as one GEMM); ``finalize`` prepares the weights for them once they are assigned.
 """
 
 from __future__ import annotations
@@ -19,17 +21,19 @@ from scorer.config import ModelConfig
 from scorer.models import fused
 from scorer.models.rope import Rope, RotaryEmbedding
 
+MODEL_KERNELS = ("torch", "flashinfer")
+
 AttnFn = Callable[..., torch.Tensor]
 """attn(layer_idx, q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D], out=None) -> out [T, Hq, D]."""
 QKV = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
+    def __init__(self, dim: int, eps: float, fused: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
-        self.fused = False
+        self.fused = fused
 
     def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         if self.fused:
@@ -41,7 +45,7 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+    def __init__(self, config: ModelConfig, layer_idx: int, fused: bool = False) -> None:
         super().__init__()
         self.layer_idx = layer_idx
         self.head_dim = config.head_dim
@@ -53,8 +57,8 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(q_size, hidden, bias=bias)
         self.qk_norm = config.qk_norm
         if self.qk_norm:
-            self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
-            self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
+            self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, fused)
+            self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, fused)
 
     def qkv(self, x: torch.Tensor, rope: Rope, out: QKV | None = None) -> QKV:
         """RoPE'd (and q/k-normed) heads of x [T, hidden]; written into ``out`` when given."""
@@ -72,8 +76,9 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, fused: bool = False) -> None:
         super().__init__()
+        self.fused = fused
         hidden, inter, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
         self.gate_proj = nn.Linear(hidden, inter, bias=bias)
         self.up_proj = nn.Linear(hidden, inter, bias=bias)
@@ -86,9 +91,8 @@ class MLP(nn.Module):
             return self.down_proj(fused.silu_and_mul(F.linear(x, *self.gate_up)))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
-    def use_fused(self) -> None:
-        """One GEMM for gate and up (their weights become views of one tensor) and FlashInfer's
-        SiLU-and-mul."""
+    def merge_gate_up(self) -> None:
+        """One GEMM for gate and up: their weights become views of one tensor."""
         inter = self.gate_proj.out_features
         merged = []
         for name in ("weight", "bias"):
@@ -104,12 +108,12 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+    def __init__(self, config: ModelConfig, layer_idx: int, fused: bool = False) -> None:
         super().__init__()
-        self.self_attn = Attention(config, layer_idx)
-        self.mlp = MLP(config)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, layer_idx, fused)
+        self.mlp = MLP(config, fused)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, fused)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, fused)
 
     def forward(self, h: torch.Tensor, rope: Rope, attn: AttnFn) -> torch.Tensor:
         q, k, v = self.qkv(h, rope)
@@ -135,46 +139,78 @@ class DecoderLayer(nn.Module):
 
 
 class Backbone(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, fused: bool = False) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.layers = nn.ModuleList(DecoderLayer(config, i, fused) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, fused)
         self.rotary_emb = RotaryEmbedding(config)
 
 
 class DecoderLM(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    """``kernels``: the elementwise kernels, ``torch`` or ``flashinfer`` (CUDA, fp16/bf16: RMSNorm
+    with the post-attention residual add, RoPE from an fp32 cos|sin cache, SiLU-and-mul, and gate/up
+    as one GEMM). Call ``finalize`` once the weights are assigned."""
+
+    def __init__(self, config: ModelConfig, kernels: str = "torch") -> None:
         super().__init__()
+        if kernels not in MODEL_KERNELS:
+            raise ValueError(f"unknown model kernels {kernels!r}; expected one of {', '.join(MODEL_KERNELS)}")
         self.config = config
-        self.model = Backbone(config)
+        self.kernels = kernels
+        self.model = Backbone(config, self.fused)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
 
+    @property
+    def fused(self) -> bool:
+        return self.kernels == "flashinfer"
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.model.layers)
+
     def tie_weights(self) -> None:
-        """Share lm_head with embed_tokens when the config says so; call again after assigning weights."""
+        """Share lm_head with embed_tokens when the config says so."""
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def use_fused_kernels(self) -> None:
-        """Run RMSNorm (with the post-attention residual add), RoPE and SiLU-and-mul on
-        FlashInfer's fused kernels and gate/up as one GEMM (CUDA, fp16/bf16; see ``fused.py``)."""
-        device = self.lm_head.weight.device
-        for m in self.modules():
-            if isinstance(m, RMSNorm):
-                m.fused = True
-            elif isinstance(m, MLP):
-                m.use_fused()
-        self.model.rotary_emb.use_fused(device)
+    def finalize(self) -> DecoderLM:
+        """After the weights are assigned: tie lm_head, and for the fused kernels merge gate/up and
+        build the RoPE cache on the weights' device. Returns the model."""
+        self.tie_weights()
+        if self.fused:
+            for layer in self.model.layers:
+                layer.mlp.merge_gate_up()
+            self.model.rotary_emb.use_fused(self.lm_head.weight.device)
+        return self
 
     @property
-    def fused(self) -> bool:
-        return self.model.norm.fused
+    def uses_rope_cache(self) -> bool:
+        """RoPE reads positions and a cache (nothing to compute per forward), not HF's tables."""
+        return self.model.rotary_emb.cos_sin_cache is not None
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(input_ids)
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> Rope:
+        """The rotation of token positions [T], once per forward pass."""
+        return self.model.rotary_emb(positions, dtype)
+
+    def layer_qkv(self, i: int, h: torch.Tensor, rope: Rope, out: QKV | None = None) -> QKV:
+        """Layer ``i`` up to attention: its RoPE'd heads (into ``out`` when given)."""
+        return self.model.layers[i].qkv(h, rope, out)
+
+    def layer_finish(
+        self, i: int, h: torch.Tensor, attn_out: torch.Tensor, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Layer ``i`` after attention: output projection, residuals, MLP; ``out`` may alias ``h``."""
+        return self.model.layers[i].finish(h, attn_out, out)
 
     def forward_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttnFn) -> torch.Tensor:
         """input_ids, positions: [T] long -> hidden states [T, hidden] before the final norm."""
-        h = self.model.embed_tokens(input_ids)
-        rope = self.model.rotary_emb(positions, h.dtype)
+        h = self.embed(input_ids)
+        rope = self.rope(positions, h.dtype)
         for layer in self.model.layers:
             h = layer(h, rope, attn)
         return h

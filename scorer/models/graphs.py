@@ -66,7 +66,7 @@ class GraphedDecoder:
         self.v = torch.zeros_like(self.k)
         self.attn = torch.zeros_like(self.q)
         self.cos = self.sin = None  # HF's RoPE tables; the fused RoPE reads its cache instead
-        if model.model.rotary_emb.cos_sin_cache is None:
+        if not model.uses_rope_cache:
             self.cos = torch.zeros(n, 1, mc.head_dim, dtype=dt, device=dev)
             self.sin = torch.zeros_like(self.cos)
         self._segments: dict[int, list[Callable[[], None]]] = {}
@@ -77,26 +77,23 @@ class GraphedDecoder:
 
     def _segment(self, i: int, n: int) -> None:
         """Segment ``i`` over the first ``n`` rows of the buffers."""
-        layers = self.model.model.layers
-        h = self.h[:n]
-        rotary = self.model.model.rotary_emb
-        if rotary.cos_sin_cache is not None:  # fused kernels: positions and the cache, nothing to compute
-            rope = Rope(positions=self.pos[:n], cache=rotary.cos_sin_cache)
-        else:  # HF's tables, computed once per forward in segment 0, read by every segment
-            rope = Rope(self.cos[:n], self.sin[:n])
+        m, h = self.model, self.h[:n]
+        # fused kernels: positions and the cache, nothing to compute; else HF's tables, computed
+        # once per forward in segment 0 and read by every segment
+        rope = m.rope(self.pos[:n], h.dtype) if m.uses_rope_cache else Rope(self.cos[:n], self.sin[:n])
         if i == 0:
-            h.copy_(self.model.model.embed_tokens(self.ids[:n]))
-            if rope.cache is None:
-                cos, sin = rotary.tables(self.pos[:n], h.dtype)
-                rope.cos.copy_(cos)
-                rope.sin.copy_(sin)
+            h.copy_(m.embed(self.ids[:n]))
+            if not m.uses_rope_cache:
+                tables = m.rope(self.pos[:n], h.dtype)
+                rope.cos.copy_(tables.cos)
+                rope.sin.copy_(tables.sin)
         else:
-            layers[i - 1].finish(h, self.attn[:n], out=h)
-        if i < len(layers):
-            layers[i].qkv(h, rope, out=(self.q[:n], self.k[:n], self.v[:n]))
+            m.layer_finish(i - 1, h, self.attn[:n], out=h)
+        if i < m.num_layers:
+            m.layer_qkv(i, h, rope, out=(self.q[:n], self.k[:n], self.v[:n]))
 
     def _build(self, n: int, pool) -> list[Callable[[], None]]:
-        steps = range(len(self.model.model.layers) + 1)
+        steps = range(self.model.num_layers + 1)
         if not self.capture:
             return [lambda i=i: self._segment(i, n) for i in steps]
         side = torch.cuda.Stream()
@@ -147,5 +144,4 @@ class GraphedDecoder:
             attn(layer, self.q[:n], self.k[:n], self.v[:n], out=self.attn[:n])
         segments[-1]()
         self.stats["graphed_forwards"] += 1
-        self.stats["padding_rows"] += b - n
         return self.h[:n]

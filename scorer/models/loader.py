@@ -20,10 +20,12 @@ def load_model(
     model_dir: str | Path,
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
+    kernels: str = "torch",
 ) -> tuple[DecoderLM, PreTrainedTokenizerBase]:
     """Load weights from all *.safetensors shards and the tokenizer in model_dir.
 
-    dtype None keeps the dtype config.json names (or the stored tensors' dtype if it names none).
+    dtype None keeps the dtype config.json names (or the stored tensors' dtype if it names none);
+    ``kernels``: the model's elementwise kernels (see DecoderLM).
     """
     model_dir = Path(model_dir)
     config = ModelConfig.from_hf(model_dir)
@@ -34,7 +36,7 @@ def load_model(
     dtype = dtype or config.dtype
 
     with torch.device("meta"):
-        model = MODEL_CLASSES[config.architecture](config)
+        model = MODEL_CLASSES[config.architecture](config, kernels)
     state = _read_shards(shards, device, dtype)
     expected = set(model.state_dict())
     missing = expected - state.keys()
@@ -48,8 +50,8 @@ def load_model(
             f"missing {sorted(missing)[:8]}, unexpected {sorted(unexpected)[:8]}"
         )
     model.load_state_dict(state, strict=False, assign=True)
-    model.tie_weights()
     model.eval().requires_grad_(False)
+    model.finalize()
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
     return model, tokenizer

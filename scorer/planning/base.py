@@ -14,7 +14,7 @@ so a scheme can only change *where* a token is computed, never *what* it is.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -36,6 +36,11 @@ class Shape:
     @property
     def num_tokens(self) -> int:
         return self.prefix_len + sum(self.item_lens)
+
+    @property
+    def prompt_per_doc_tokens(self) -> int:
+        """Tokens of scoring every doc alone, the prompt computed again for each."""
+        return self.prefix_len * len(self.item_lens) + sum(self.item_lens)
 
 
 @dataclass(frozen=True)
@@ -133,10 +138,20 @@ class ItemLoc:
 
 @dataclass(frozen=True)
 class Plan:
-    scheme: str
+    """Passes of one batch, and where each item's score row comes out.
+
+    ``items`` are per request of the plan, per item; ``requests`` the batch index of each request
+    of the plan (``plan_batch`` groups requests by scheme); ``score_rows`` per pass the rows whose
+    last hidden state scores an item, and ``item_order`` the permutation that takes those rows,
+    gathered pass by pass, to items in plan order (None: they are in that order already).
+    """
+
     passes: tuple[Pass, ...]
     items: tuple[tuple[ItemLoc, ...], ...]  # per request, per item
     shapes: tuple[Shape, ...] = field(default=())
+    requests: tuple[int, ...] = field(default=())
+    score_rows: tuple[torch.Tensor, ...] = field(default=())
+    item_order: torch.Tensor | None = None
 
     @property
     def num_slots(self) -> int:
@@ -145,6 +160,30 @@ class Plan:
     @property
     def num_attention_calls(self) -> int:
         return sum(len(p.calls) for p in self.passes)
+
+    @property
+    def num_items(self) -> int:
+        return sum(len(locs) for locs in self.items)
+
+
+def with_score_rows(plan: Plan, requests: Sequence[int]) -> Plan:
+    """``plan`` with its read-out: the score rows of each pass and the item order."""
+    per_pass: list[list[int]] = [[] for _ in plan.passes]
+    gathered: list[tuple[int, int]] = []  # (pass, index within its pass's score rows), plan order
+    for locs in plan.items:
+        for loc in locs:
+            rows = per_pass[loc.pass_idx]
+            gathered.append((loc.pass_idx, len(rows)))
+            rows.append(loc.score_row)
+    starts = [sum(len(r) for r in per_pass[:k]) for k in range(len(per_pass))]
+    order = [starts[k] + i for k, i in gathered]
+    identity = order == list(range(len(order)))
+    return replace(
+        plan,
+        requests=tuple(requests),
+        score_rows=tuple(torch.tensor(r, dtype=torch.long) for r in per_pass),
+        item_order=None if identity else torch.tensor(order, dtype=torch.long),
+    )
 
 
 def logical_bases(shapes: Sequence[Shape]) -> list[int]:

@@ -1,14 +1,18 @@
-"""The article's shared-prefix schemes, and ``grouped``, as planners: shapes in, Plan out.
+"""The scheme registry: one record per way of running a request, registered beside its planner.
 
-Each planner lays the rows of one pass out as a list of segments (logical token ranges) and
-describes its attention calls in FlashInfer's terms. The worked example of the article
-(P = 96, two items of 4 tokens) gives ragged ``qo_indptr = [0, 100, 104]`` and multi-item
-``token_pos_in_items = [1, 2, 3, 4, 1, 2, 3, 4]``.
+A scheme is a ``Scheme`` record: its planner (shapes in, Plan out), how a request over the token
+budget continues in later passes (``extend``), whether it recomputes the prompt per document, whether
+it takes a group size, and whether it carries an explicit mask (capped). Adding a scheme is one
+``@scheme`` planner here (or anywhere, before the engine is built) and its tests; nothing else
+names schemes. The worked example of the article (P = 96, two items of 4 tokens) gives ragged
+``qo_indptr = [0, 100, 104]`` and multi-item ``token_pos_in_items = [1, 2, 3, 4, 1, 2, 3, 4]``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -17,6 +21,7 @@ from .base import (
     ItemLoc,
     Pass,
     Plan,
+    PlanError,
     Shape,
     arange,
     call,
@@ -25,6 +30,97 @@ from .base import (
     multi_item_meta,
 )
 from .packbits import multi_item_mask_packed
+from .split import extend_groups, extend_one_group, extend_per_item
+
+AUTO = "auto"
+NAIVE, SPLIT_CACHE, RAGGED, CASCADE = "naive", "split_cache", "ragged", "cascade"
+MULTI_ITEM, CUSTOM_MASK, GROUPED = "multi_item", "custom_mask", "grouped"
+DEFAULT_GROUP_SIZE = 8
+"""Docs per group of ``grouped`` when neither the request nor the server says."""
+
+PlanFn = Callable[[Sequence[Shape], int], Plan]
+"""(shapes, group size) -> Plan; the group size is 0 for schemes that take none."""
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """How one request runs.
+
+    ``plan`` lays out one or more requests; ``extend`` plans a later pass of a request split over
+    the token budget (items only, on the prefix K/V of its first pass), None for a scheme whose
+    chunks are independent requests (it recomputes the prompt anyway); ``recomputes_prompt``: the
+    prompt goes through the model once per document; ``grouped``: it takes a group size;
+    ``explicit_mask``: its passes carry a Q x K mask, capped at the engine's
+    ``max_custom_mask_tokens``.
+    """
+
+    name: str
+    plan: PlanFn
+    extend: PlanFn | None = None
+    recomputes_prompt: bool = False
+    grouped: bool = False
+    explicit_mask: bool = False
+    summary: str = ""
+
+    def planner(self, group_size: int = 0) -> Callable[[Sequence[Shape]], Plan]:
+        return partial(self.plan, group=group_size)
+
+    def rows(self, shape: Shape) -> int:
+        """Tokens the scheme puts through the model for ``shape`` (the GEMM rows)."""
+        n = len(shape.item_lens) if self.recomputes_prompt else 1
+        return shape.prefix_len * n + sum(shape.item_lens)
+
+    def mean_rows(self, p: int, s: float, m: int) -> float:
+        """``rows`` of ``m`` docs of ``s`` tokens (mean) on a prompt of ``p``."""
+        return m * (p + s) if self.recomputes_prompt else p + m * s
+
+    def label(self, group_size: int = 0) -> str:
+        """The name with its group size (``grouped:8``), as benchmarks and the cost model key it."""
+        return f"{self.name}:{group_size}" if self.grouped else self.name
+
+    def check(self, shape: Shape, budget: int, mask_cap: int) -> None:
+        """Raise PlanError when the scheme cannot run ``shape`` under the engine's limits."""
+        if not self.explicit_mask:
+            return
+        largest = shape.num_tokens
+        if budget and largest > budget:
+            largest = max(budget, shape.prefix_len + max(shape.item_lens))
+        if largest > mask_cap:
+            raise PlanError(
+                f"{self.name} over {largest} tokens exceeds its cap of {mask_cap}; use {MULTI_ITEM}"
+            )
+
+
+REGISTRY: dict[str, Scheme] = {}
+
+
+def scheme(name: str, **record) -> Callable[[PlanFn], PlanFn]:
+    """Register the decorated planner as scheme ``name`` (``record``: the other Scheme fields)."""
+
+    def register(fn: PlanFn) -> PlanFn:
+        if name in REGISTRY or name == AUTO:
+            raise ValueError(f"scheme {name!r} is registered already")
+        REGISTRY[name] = Scheme(name, fn, summary=(fn.__doc__ or "").split("\n")[0], **record)
+        return fn
+
+    return register
+
+
+def unregister(name: str) -> None:
+    """Remove a registered scheme (tests that register a toy one)."""
+    REGISTRY.pop(name)
+
+
+def get(name: str) -> Scheme:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown scheme {name!r}; expected one of {', '.join(names())}") from None
+
+
+def names() -> tuple[str, ...]:
+    """Every name a request may ask for: ``auto`` and the registered schemes."""
+    return (AUTO, *REGISTRY)
 
 
 class _Rows:
@@ -55,7 +151,8 @@ def _requests(shapes: Sequence[Shape]):
         yield base, s, [base + o for o in item_offsets(s)]
 
 
-def naive(shapes: Sequence[Shape]) -> Plan:
+@scheme(NAIVE, recomputes_prompt=True)
+def naive(shapes: Sequence[Shape], group: int = 0) -> Plan:
     """Scheme 1: every item is its own ``[prefix + item]`` request; the prefix is recomputed."""
     rows, q_lens, kv, items = _Rows(0), [], [], []
     for base, s, starts in _requests(shapes):
@@ -67,10 +164,11 @@ def naive(shapes: Sequence[Shape]) -> Plan:
             kv.append(rows.slots(first, s.prefix_len + n))
             locs.append(ItemLoc(0, first + s.prefix_len, n))
         items.append(tuple(locs))
-    return Plan("naive", (rows.to_pass([call(0, q_lens, kv, causal=True)]),), tuple(items), tuple(shapes))
+    return Plan((rows.to_pass([call(0, q_lens, kv, causal=True)]),), tuple(items), tuple(shapes))
 
 
-def split_cache(shapes: Sequence[Shape]) -> Plan:
+@scheme(SPLIT_CACHE, extend=extend_per_item)
+def split_cache(shapes: Sequence[Shape], group: int = 0) -> Plan:
     """Scheme 2: pass 1 runs ``[prefix + item 0]``; pass 2 runs the other items on its prefix K/V."""
     first, items = _Rows(0), []
     q1, kv1, prefix_slots = [], [], []
@@ -90,25 +188,62 @@ def split_cache(shapes: Sequence[Shape]) -> Plan:
             locs.append(ItemLoc(1, row, n))
     if q2:
         passes.append(second.to_pass([call(0, q2, kv2, causal=True)]))
-    return Plan("split_cache", tuple(passes), tuple(tuple(x) for x in items), tuple(shapes))
+    return Plan(tuple(passes), tuple(tuple(x) for x in items), tuple(shapes))
 
 
-def ragged(shapes: Sequence[Shape]) -> Plan:
+@scheme(RAGGED, extend=extend_per_item)
+def ragged(shapes: Sequence[Shape], group: int = 0) -> Plan:
     """Scheme 3: Q = [prefix, d1, d2, ...]; request i reads prefix slots + its own item's slots."""
-    return _shared_prefix_groups(shapes, group_size=1, scheme="ragged")
+    return _shared_prefix_groups(shapes, group_size=1)
 
 
-def grouped(shapes: Sequence[Shape], group_size: int = 8) -> Plan:
-    """Items split into groups of ``group_size``; each group is a multi-item request on the prefix."""
-    return _shared_prefix_groups(shapes, group_size=group_size, scheme="grouped")
+@scheme(CASCADE, extend=extend_per_item)
+def cascade(shapes: Sequence[Shape], group: int = 0) -> Plan:
+    """Scheme 4: rows [all prefixes, all items]; per layer: prefix causal, shared level
+    (each prompt's items against its prefix, non-causal), unique level (each item causal
+    on itself), and an LSE merge of the two levels over the item rows.
+    """
+    rows, items = _Rows(0), []
+    prefix_rows = [rows.add(base, s.prefix_len) for base, s, _ in _requests(shapes)]
+    n_prefix = rows.n
+    shared_q, shared_kv, unique_q, unique_kv = [], [], [], []
+    for (_, s, starts), prow in zip(_requests(shapes), prefix_rows, strict=True):
+        locs = [ItemLoc(0, rows.add(st, n), n) for st, n in zip(starts, s.item_lens, strict=True)]
+        items.append(tuple(locs))
+        shared_q.append(sum(s.item_lens))
+        shared_kv.append(rows.slots(prow, s.prefix_len))
+        unique_q += [loc.length for loc in locs]
+        unique_kv += [rows.slots(loc.row, loc.length) for loc in locs]
+    prefix_call = call(0, [s.prefix_len for s in shapes], shared_kv, causal=True)
+    shared = call(n_prefix, shared_q, shared_kv, causal=False)
+    unique = call(n_prefix, unique_q, unique_kv, causal=True)
+    return Plan((rows.to_pass([prefix_call, shared, unique]),), tuple(items), tuple(shapes))
 
 
-def multi_item(shapes: Sequence[Shape]) -> Plan:
+@scheme(MULTI_ITEM, extend=extend_one_group)
+def multi_item(shapes: Sequence[Shape], group: int = 0) -> Plan:
     """Scheme 5a: one logical request [prefix, d1..dN] per prompt with kMultiItemScoring metadata."""
-    return _shared_prefix_groups(shapes, group_size=None, scheme="multi_item")
+    return _shared_prefix_groups(shapes, group_size=None)
 
 
-def _shared_prefix_groups(shapes: Sequence[Shape], group_size: int | None, scheme: str) -> Plan:
+@scheme(CUSTOM_MASK, extend=extend_one_group, explicit_mask=True)
+def custom_mask(shapes: Sequence[Shape], group: int = 0) -> Plan:
+    """Scheme 5b: the multi-item layout with an explicit, bit-packed Q x K mask per prompt."""
+    plan = multi_item(shapes)
+    (p,) = plan.passes
+    (c,) = p.calls
+    mask = multi_item_mask_packed([(s.prefix_len, s.item_lens) for s in shapes])
+    masked = call(0, _lens(c.qo_indptr), _split(c.kv_indices, c.kv_indptr), causal=True, custom_mask=mask)
+    return Plan((Pass(p.logical, 0, (masked,)),), plan.items, plan.shapes)
+
+
+@scheme(GROUPED, extend=extend_groups, grouped=True)
+def grouped(shapes: Sequence[Shape], group: int = DEFAULT_GROUP_SIZE) -> Plan:
+    """Items split into groups of ``group_size``; each group is a multi-item request on the prefix."""
+    return _shared_prefix_groups(shapes, group_size=group)
+
+
+def _shared_prefix_groups(shapes: Sequence[Shape], group_size: int | None) -> Plan:
     """Rows [prefix, items...] per prompt; groups of items are requests sharing the prefix slots.
 
     The first group of a prompt also carries the prefix queries. ``group_size=1`` is plain
@@ -132,39 +267,7 @@ def _shared_prefix_groups(shapes: Sequence[Shape], group_size: int | None, schem
             mi_items.append([loc.length for loc in group])
     meta = multi_item_meta(mi_prefix, mi_items) if group_size != 1 else None
     c = call(0, q_lens, kv, causal=True, multi_item=meta)
-    return Plan(scheme, (rows.to_pass([c]),), tuple(items), tuple(shapes))
-
-
-def custom_mask(shapes: Sequence[Shape]) -> Plan:
-    """Scheme 5b: the multi-item layout with an explicit, bit-packed Q x K mask per prompt."""
-    plan = multi_item(shapes)
-    (p,) = plan.passes
-    (c,) = p.calls
-    mask = multi_item_mask_packed([(s.prefix_len, s.item_lens) for s in shapes])
-    masked = call(0, _lens(c.qo_indptr), _split(c.kv_indices, c.kv_indptr), causal=True, custom_mask=mask)
-    return Plan("custom_mask", (Pass(p.logical, 0, (masked,)),), plan.items, plan.shapes)
-
-
-def cascade(shapes: Sequence[Shape]) -> Plan:
-    """Scheme 4: rows [all prefixes, all items]; per layer: prefix causal, shared level
-    (each prompt's items against its prefix, non-causal), unique level (each item causal
-    on itself), and an LSE merge of the two levels over the item rows.
-    """
-    rows, items = _Rows(0), []
-    prefix_rows = [rows.add(base, s.prefix_len) for base, s, _ in _requests(shapes)]
-    n_prefix = rows.n
-    shared_q, shared_kv, unique_q, unique_kv = [], [], [], []
-    for (_, s, starts), prow in zip(_requests(shapes), prefix_rows, strict=True):
-        locs = [ItemLoc(0, rows.add(st, n), n) for st, n in zip(starts, s.item_lens, strict=True)]
-        items.append(tuple(locs))
-        shared_q.append(sum(s.item_lens))
-        shared_kv.append(rows.slots(prow, s.prefix_len))
-        unique_q += [loc.length for loc in locs]
-        unique_kv += [rows.slots(loc.row, loc.length) for loc in locs]
-    prefix_call = call(0, [s.prefix_len for s in shapes], shared_kv, causal=True)
-    shared = call(n_prefix, shared_q, shared_kv, causal=False)
-    unique = call(n_prefix, unique_q, unique_kv, causal=True)
-    return Plan("cascade", (rows.to_pass([prefix_call, shared, unique]),), tuple(items), tuple(shapes))
+    return Plan((rows.to_pass([c]),), tuple(items), tuple(shapes))
 
 
 def _lens(ptr: torch.Tensor) -> list[int]:

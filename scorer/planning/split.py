@@ -1,20 +1,23 @@
 """Splitting one request over a token budget into several passes that reuse its prompt's K/V.
 
 Pass 0 runs the prefix and the first chunk of items with the request's own scheme; every later
-pass runs one chunk of items as extend requests on the prefix slots of pass 0 (multi-item
-groups for the masked schemes, one request per item otherwise), so the prompt is still computed
-once. ``naive`` recomputes the prompt by definition: its chunks are independent.
+pass runs one chunk of items as extend requests on the prefix slots of pass 0, as the scheme's
+``extend`` lays them out (one request per item, one multi-item group, or groups of a size), so the
+prompt is still computed once. A scheme without ``extend`` recomputes the prompt by definition:
+its chunks are independent requests.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import torch
 
 from .base import ItemLoc, Pass, Plan, Shape, arange, call, item_offsets, multi_item_meta
 
-MASKED = ("multi_item", "custom_mask", "grouped")
+if TYPE_CHECKING:
+    from .schemes import Scheme
 
 
 def chunk_items(shape: Shape, budget: int, naive: bool) -> list[tuple[int, int]]:
@@ -45,12 +48,31 @@ def extend(shape: Shape, group_size: int | None) -> Plan:
     kv = [torch.cat([arange(0, p)] + [arange(p + loc.row, loc.length) for loc in grp]) for grp in groups]
     meta = multi_item_meta([p] * len(groups), [[loc.length for loc in grp] for grp in groups])
     c = call(0, [sum(loc.length for loc in grp) for grp in groups], kv, True, meta if group_size else None)
-    return Plan("extend", (Pass(torch.cat(rows), 0, (c,)),), (tuple(locs),), (shape,))
+    return Plan((Pass(torch.cat(rows), 0, (c,)),), (tuple(locs),), (shape,))
 
 
-def split_to_budget(plan_fn, scheme: str, shape: Shape, budget: int, group_size: int) -> Plan:
-    """``plan_fn([shape])``, but with no pass over ``budget`` rows where items allow."""
-    chunks = chunk_items(shape, budget, naive=scheme == "naive")
+def extend_per_item(shapes: list[Shape], group: int = 0) -> Plan:
+    """A later pass with one extend request per item."""
+    (shape,) = shapes
+    return extend(shape, None)
+
+
+def extend_one_group(shapes: list[Shape], group: int = 0) -> Plan:
+    """A later pass whose items form one multi-item request."""
+    (shape,) = shapes
+    return extend(shape, len(shape.item_lens))
+
+
+def extend_groups(shapes: list[Shape], group: int = 0) -> Plan:
+    """A later pass of multi-item groups of ``group`` items."""
+    (shape,) = shapes
+    return extend(shape, group)
+
+
+def split_to_budget(scheme: Scheme, shape: Shape, budget: int, group_size: int) -> Plan:
+    """``scheme``'s plan of ``shape``, but with no pass over ``budget`` rows where items allow."""
+    plan_fn = scheme.planner(group_size)
+    chunks = chunk_items(shape, budget, naive=scheme.extend is None)
     if len(chunks) == 1:
         return plan_fn([shape])
     p, offs = shape.prefix_len, item_offsets(shape)
@@ -61,11 +83,11 @@ def split_to_budget(plan_fn, scheme: str, shape: Shape, budget: int, group_size:
         sub_shape = Shape(p, shape.item_lens[i0 : i0 + n])
         shift = offs[i0] - p
         slot = sum(x.num_rows for x in passes)
-        if k == 0 or scheme == "naive":
+        if k == 0 or scheme.extend is None:
             sub = plan_fn([sub_shape])
             slot_map = arange(slot, sub.num_slots)
         else:
-            sub = extend(sub_shape, (group_size if scheme == "grouped" else n) if scheme in MASKED else None)
+            sub = scheme.extend([sub_shape], group_size)
             slot_map = torch.cat([prefix_slots, arange(slot, sub.num_slots)])
         first_pass = len(passes)
         for q in sub.passes:
@@ -77,4 +99,4 @@ def split_to_budget(plan_fn, scheme: str, shape: Shape, budget: int, group_size:
         if k == 0:
             prefix_slots = torch.nonzero(passes[0].logical < p).flatten()[:p]
         items += [replace(loc, pass_idx=loc.pass_idx + first_pass) for loc in sub.items[0]]
-    return Plan(scheme, tuple(passes), (tuple(items),), (shape,))
+    return Plan(tuple(passes), (tuple(items),), (shape,))

@@ -1,5 +1,5 @@
-"""The ScoreDocs gRPC server: ``add_arguments`` and ``run`` back the ``scorer serve`` command."""
+"""The gRPC server (``scorer serve``): front end, call handler, batcher, lifecycle."""
 
-from .app import add_arguments, run
+from .app import run
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["run"]

@@ -3,8 +3,9 @@
 import argparse
 import sys
 
-from .app import add_arguments, run
+from ..settings import SERVE, add_arguments
+from .app import run
 
 parser = argparse.ArgumentParser(prog="python -m scorer.server", description=__doc__)
-add_arguments(parser)
+add_arguments(parser, SERVE)
 sys.exit(run(parser.parse_args()))

@@ -16,20 +16,19 @@ import signal
 from pathlib import Path
 
 import grpc
-import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import SERVICE_NAME as HEALTH_SERVICE_NAME
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from .. import metrics
-from ..engine import AUTO_POLICIES, MODEL_KERNELS, Engine, EngineConfig
+from ..attention import BackendUnavailable
+from ..engine import Engine
+from ..settings import SERVE, Settings, from_args
 from ..v1 import scorer_pb2, scorer_pb2_grpc
-from .batcher import BatchPolicy
 from .calls import Inflight, RequestIdFilter
-from .debug import DebugKnobs
-from .interceptor import CallInterceptor
-from .scoring import ScoringService, engine_config, ready_engine
+from .handler import CallHandler
+from .scoring import ScoringService, ready_engine
 from .servicer import ScorerServicer
 
 log = logging.getLogger("scorer.server")
@@ -38,103 +37,23 @@ SCORER_SERVICE = scorer_pb2.DESCRIPTOR.services_by_name["Scorer"].full_name
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s request_id=%(request_id)s %(message)s"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    d = EngineConfig()
-    b = BatchPolicy()
-    parser.add_argument("--model", metavar="DIR", help="checkpoint directory (default: embedded tiny model)")
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (gRPC and metrics)")
-    parser.add_argument("--port", type=int, default=50051, help="gRPC port")
-    parser.add_argument("--metrics-port", type=int, default=9464, help="Prometheus /metrics port; 0: off")
-    parser.add_argument("--attention-backend", default="auto", help="auto, torch or flashinfer")
-    parser.add_argument("--device", help="cuda or cpu (default: cuda when available)")
-    parser.add_argument(
-        "--auto-policy",
-        default=d.auto_policy,
-        choices=AUTO_POLICIES,
-        help="how scheme=auto picks: calibrated (H200 cost model), article (section 5.3), ragged, or "
-        "default (calibrated on FlashInfer, ragged on the CPU, the article's guide for torch on a GPU)",
-    )
-    parser.add_argument("--dtype", choices=sorted(DTYPES), help="default: bfloat16 on cuda, float32 on cpu")
-    parser.add_argument(
-        "--cuda-graph-max-tokens",
-        type=int,
-        default=d.cuda_graph_max_tokens,
-        help="on CUDA, forward passes up to this many tokens replay piecewise CUDA graphs captured at"
-        " start-up (everything but attention); 0: always eager",
-    )
-    parser.add_argument(
-        "--model-kernels",
-        default=d.model_kernels,
-        choices=MODEL_KERNELS,
-        help="norm, RoPE and SiLU-and-mul: flashinfer (fused, fp32 inside), torch (HF's op order), or"
-        " auto (flashinfer with FlashInfer attention on CUDA)",
-    )
-    parser.add_argument(
-        "--max-batch-tokens",
-        type=int,
-        default=b.max_batch_tokens,
-        help="token budget of one forward pass: calls are merged up to it, a larger call runs alone"
-        " in several passes that reuse its prompt's K/V",
-    )
-    parser.add_argument(
-        "--max-wait-ms",
-        type=float,
-        default=b.max_wait_s * 1e3,
-        help="longest a queued call waits for others to fill its batch",
-    )
-    parser.add_argument(
-        "--max-queue",
-        type=int,
-        default=b.max_queue,
-        help="calls waiting beyond this are refused with RESOURCE_EXHAUSTED",
-    )
-    parser.add_argument("--max-docs", type=int, default=d.max_docs, help="documents per call")
-    parser.add_argument("--max-doc-tokens", type=int, default=d.max_doc_tokens, help="tokens per document")
-    parser.add_argument(
-        "--max-message-bytes", type=int, default=64 * 2**20, help="largest request or response message"
-    )
-    parser.add_argument(
-        "--drain-seconds",
-        type=float,
-        default=5.0,
-        help="after SIGTERM: keep serving this long with health NOT_SERVING",
-    )
-    parser.add_argument(
-        "--grace-seconds", type=float, default=30.0, help="after the drain: longest wait for calls in flight"
-    )
-    parser.add_argument("--tls-cert", metavar="PEM", help="serve TLS with this certificate chain")
-    parser.add_argument("--tls-key", metavar="PEM", help="private key of --tls-cert")
-    parser.add_argument("--log-level", default="INFO")
-    knobs = parser.add_argument_group("test knobs (never in production)")
-    knobs.add_argument(
-        "--debug-forward-delay-ms", type=float, default=0.0, help="sleep this long before every forward batch"
-    )
-    knobs.add_argument(
-        "--debug-oom-above-tokens",
-        type=int,
-        default=0,
-        help="a forward batch over this many tokens raises OutOfMemoryError",
-    )
-    knobs.add_argument(
-        "--debug-fault-prompt",
-        default="",
-        help="a forward batch with a call of this prompt raises RuntimeError",
-    )
 
 
 def run(args: argparse.Namespace) -> int:
-    """Serve until SIGTERM or SIGINT; returns the exit code."""
+    """Serve until SIGTERM or SIGINT; returns the exit code (2: a setting that cannot work)."""
     configure_logging(args.log_level)
-    if bool(args.tls_cert) != bool(args.tls_key):
-        log.error("--tls-cert and --tls-key go together")
+    try:
+        settings = from_args(args, SERVE)
+    except ValueError as e:
+        log.error("%s", e)
         return 2
     try:
-        return asyncio.run(serve(args))
+        return asyncio.run(serve(settings))
     except CannotListen as e:
         log.error("cannot listen on %s", e)
+        return 2
+    except BackendUnavailable as e:
+        log.error("%s (or pass --attention-fallback torch)", e)
         return 2
     except Exception:
         log.exception("server failed")
@@ -167,10 +86,10 @@ class _Signals:
         (self.hurry if self.stop.is_set() else self.stop).set()
 
 
-async def serve(args: argparse.Namespace) -> int:
+async def serve(args: Settings) -> int:
     signals = _Signals()
-    inflight = Inflight()
-    servicer = ScorerServicer()
+    handler = CallHandler()
+    inflight = handler.inflight
     health = health_aio.HealthServicer()
     await _set_health(health, NOT_SERVING)
     try:
@@ -178,7 +97,7 @@ async def serve(args: argparse.Namespace) -> int:
     except OSError as e:
         raise CannotListen(f"metrics port {args.host}:{args.metrics_port}: {e.strerror}") from None
     try:
-        server, port = _grpc_server(args, servicer, health, inflight)
+        server, port = grpc_server(args, ScorerServicer(handler), health)
     except RuntimeError as e:
         if metrics_http is not None:
             metrics_http.shutdown()
@@ -195,9 +114,9 @@ async def serve(args: argparse.Namespace) -> int:
     try:
         engine = await _load_or_stop(args, signals)
         if engine is not None:
-            service = ScoringService(engine, _policy(args), _knobs(args))
+            service = ScoringService(engine, args.batch_policy(), args.knobs())
             service.start()
-            servicer.service = service
+            handler.service = service
             await _set_health(health, SERVING)
             metrics.READY.set(1)
             log.info("SERVING %s", engine.model_name)
@@ -213,12 +132,11 @@ async def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _grpc_server(
-    args: argparse.Namespace, servicer: ScorerServicer, health: health_aio.HealthServicer, inflight: Inflight
+def grpc_server(
+    args: Settings, servicer: ScorerServicer, health: health_aio.HealthServicer
 ) -> tuple[grpc.aio.Server, int]:
     """The server with its services registered and its port bound; returns it and the port."""
     server = grpc.aio.server(
-        interceptors=[CallInterceptor("scorer.v1", inflight)],
         options=[
             ("grpc.max_receive_message_length", args.max_message_bytes),
             ("grpc.max_send_message_length", args.max_message_bytes),
@@ -236,9 +154,9 @@ def _grpc_server(
     return server, server.add_secure_port(address, grpc.ssl_server_credentials([key_and_chain]))
 
 
-async def _load_or_stop(args: argparse.Namespace, signals: _Signals) -> Engine | None:
+async def _load_or_stop(args: Settings, signals: _Signals) -> Engine | None:
     """Load and warm the model on a thread; None when a signal came first."""
-    loading = asyncio.ensure_future(asyncio.to_thread(_load_engine, args))
+    loading = asyncio.ensure_future(asyncio.to_thread(ready_engine, args))
     stopping = asyncio.ensure_future(signals.stop.wait())
     await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
     stopping.cancel()
@@ -248,13 +166,8 @@ async def _load_or_stop(args: argparse.Namespace, signals: _Signals) -> Engine |
     return None
 
 
-def _load_engine(args: argparse.Namespace) -> Engine:
-    dtype = DTYPES.get(args.dtype or "")
-    return ready_engine(args.model, args.attention_backend, args.device, dtype, engine_config(args))
-
-
 async def _shut_down(
-    args: argparse.Namespace,
+    args: Settings,
     server: grpc.aio.Server,
     health: health_aio.HealthServicer,
     inflight: Inflight,
@@ -287,17 +200,3 @@ async def _settled(inflight: Inflight) -> None:
 async def _set_health(health: health_aio.HealthServicer, status: int) -> None:
     for service in ("", SCORER_SERVICE):
         await health.set(service, status)
-
-
-def _policy(args: argparse.Namespace) -> BatchPolicy:
-    return BatchPolicy(
-        max_batch_tokens=args.max_batch_tokens, max_wait_s=args.max_wait_ms / 1e3, max_queue=args.max_queue
-    )
-
-
-def _knobs(args: argparse.Namespace) -> DebugKnobs:
-    return DebugKnobs(
-        forward_delay_s=args.debug_forward_delay_ms / 1e3,
-        oom_above_tokens=args.debug_oom_above_tokens,
-        fault_prompt=args.debug_fault_prompt,
-    )

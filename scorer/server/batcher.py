@@ -31,11 +31,11 @@ import torch
 
 from .. import metrics
 from ..engine import ScoreResult
-from ..request import Tokenized
+from ..request import Job
 
 log = logging.getLogger(__name__)
 
-ScoreFn = Callable[[Sequence[Tokenized]], Callable[[], list[ScoreResult]]]
+ScoreFn = Callable[[Sequence[Job]], Callable[[], list[ScoreResult]]]
 """Starts a batch and returns the function that waits for its results (``Engine.launch``)."""
 IN_FLIGHT = 2
 
@@ -77,9 +77,8 @@ class Scored:
 
 
 @dataclass(eq=False)
-class _Job:
-    tokenized: Tokenized
-    tokens: int
+class _Queued:
+    job: Job
     deadline: float | None
     request_id: str
     future: asyncio.Future[Scored]
@@ -88,6 +87,10 @@ class _Job:
 
     def expired(self, now: float) -> bool:
         return self.deadline is not None and now >= self.deadline
+
+    @property
+    def tokens(self) -> int:
+        return self.job.tokens
 
 
 class ForwardTimeModel:
@@ -118,11 +121,10 @@ class ForwardTimeModel:
 
 
 class Batcher:
-    def __init__(self, score: ScoreFn, count_tokens: Callable[[Tokenized], int], policy: BatchPolicy) -> None:
+    def __init__(self, score: ScoreFn, policy: BatchPolicy) -> None:
         self._score = score
-        self._count_tokens = count_tokens
         self.policy = policy
-        self._pending: deque[_Job] = deque()
+        self._pending: deque[_Queued] = deque()
         self._arrived = asyncio.Event()
         self._closing = False
         self._task: asyncio.Task | None = None
@@ -149,40 +151,35 @@ class Batcher:
     def depth(self) -> int:
         return len(self._pending)
 
-    async def submit(self, tokenized: Tokenized, deadline: float | None, request_id: str) -> Scored:
-        """Queue a call and wait for its scores. ``deadline`` is on ``time.monotonic``'s clock."""
+    async def submit(self, job: Job, deadline: float | None, request_id: str) -> Scored:
+        """Queue a call and wait for its scores (``job.tokens`` count against the token budget).
+        ``deadline`` is on ``time.monotonic``'s clock."""
         if self._closing:
             raise Closed("the server is shutting down")
         if len(self._pending) >= self.policy.max_queue:
             metrics.REJECTED.inc()
             raise QueueFull(f"{len(self._pending)} calls queued already; retry later")
-        job = _Job(
-            tokenized,
-            self._count_tokens(tokenized),
-            deadline,
-            request_id,
-            asyncio.get_running_loop().create_future(),
-        )
-        if job.expired(job.enqueued):
-            self._count_drop(job, "deadline")
+        queued = _Queued(job, deadline, request_id, asyncio.get_running_loop().create_future())
+        if queued.expired(queued.enqueued):
+            self._count_drop(queued, "deadline")
             raise Dropped("deadline")
-        if self._late(job, job.enqueued, sum(j.tokens for j in self._pending) + job.tokens):
+        if self._late(queued, queued.enqueued, sum(j.tokens for j in self._pending) + queued.tokens):
             metrics.REJECTED.inc()
             raise QueueFull("at the current load the call would not finish before its deadline; retry later")
-        job.future.add_done_callback(partial(self._on_done, job))
-        self._pending.append(job)
+        queued.future.add_done_callback(partial(self._on_done, queued))
+        self._pending.append(queued)
         metrics.QUEUE_DEPTH.set(len(self._pending))
         self._arrived.set()
-        return await job.future
+        return await queued.future
 
-    def _on_done(self, job: _Job, future: asyncio.Future) -> None:
+    def _on_done(self, job: _Queued, future: asyncio.Future) -> None:
         if future.cancelled() and job.queued:
             self._pending.remove(job)
             job.queued = False
             metrics.QUEUE_DEPTH.set(len(self._pending))
             self._count_drop(job, "deadline" if job.expired(time.monotonic()) else "cancelled")
 
-    def _count_drop(self, job: _Job, reason: str) -> None:
+    def _count_drop(self, job: _Queued, reason: str) -> None:
         metrics.DROPPED.labels(reason=reason).inc()
         log.info(
             "dropped from the queue before its forward pass (%s)",
@@ -222,10 +219,10 @@ class Batcher:
             except TimeoutError:
                 return
 
-    def _take(self) -> list[_Job]:
+    def _take(self) -> list[_Queued]:
         """The oldest calls that fit the token budget (at least one) and can still meet their
         deadlines by the forward-time estimate; calls that cannot are dropped."""
-        batch: list[_Job] = []
+        batch: list[_Queued] = []
         tokens, now = 0, time.monotonic()
         first_deadline = float("inf")
         while self._pending:
@@ -257,13 +254,13 @@ class Batcher:
             metrics.STAGE_DURATION.labels(stage="queue").observe(now - job.enqueued)
         return batch
 
-    def _late(self, job: _Job, now: float, tokens: int, deadline: float | None = None) -> bool:
+    def _late(self, job: _Queued, now: float, tokens: int, deadline: float | None = None) -> bool:
         """Would a forward of ``tokens`` tokens starting now end after ``deadline`` (the job's)?"""
         deadline = job.deadline if deadline is None else deadline
         predicted = self._forward_time.predict(tokens)
         return predicted is not None and deadline is not None and now + predicted > deadline
 
-    async def _launch(self, batch: list[_Job]) -> None:
+    async def _launch(self, batch: list[_Queued]) -> None:
         batch = [job for job in batch if not job.future.done()]
         if not batch:
             self._slots.release()
@@ -273,7 +270,7 @@ class Batcher:
         started = time.monotonic()
         loop = asyncio.get_running_loop()
         try:
-            collect = await loop.run_in_executor(self._executor, self._score, [j.tokenized for j in batch])
+            collect = await loop.run_in_executor(self._executor, self._score, [j.job for j in batch])
         except Exception as exc:
             try:
                 await self._failed(batch, exc)
@@ -284,7 +281,7 @@ class Batcher:
         self._collecting.add(task)
         task.add_done_callback(self._collecting.discard)
 
-    async def _collect(self, batch: list[_Job], collect: Callable[[], list[ScoreResult]], started: float):
+    async def _collect(self, batch: list[_Queued], collect: Callable[[], list[ScoreResult]], started: float):
         try:
             results = await asyncio.get_running_loop().run_in_executor(self._waiter, collect)
         except Exception as exc:
@@ -296,7 +293,7 @@ class Batcher:
             self._slots.release()
         self._finish(batch, results, started)
 
-    async def _failed(self, batch: list[_Job], exc: Exception) -> None:
+    async def _failed(self, batch: list[_Queued], exc: Exception) -> None:
         """A batch whose launch raised: out of memory or a fault of one call; retry each alone."""
         out_of_memory = isinstance(exc, torch.OutOfMemoryError)
         if out_of_memory:
@@ -314,9 +311,7 @@ class Batcher:
                 continue
             started = time.monotonic()
             try:
-                results = await loop.run_in_executor(
-                    self._executor, lambda j=job: self._score([j.tokenized])()
-                )
+                results = await loop.run_in_executor(self._executor, lambda j=job: self._score([j.job])())
             except Exception as alone:
                 if isinstance(alone, torch.OutOfMemoryError):
                     _release_cached_memory()
@@ -325,7 +320,7 @@ class Batcher:
                 continue
             self._finish([job], results, started)
 
-    def _finish(self, batch: list[_Job], results: list[ScoreResult], started: float) -> None:
+    def _finish(self, batch: list[_Queued], results: list[ScoreResult], started: float) -> None:
         forward_s = time.monotonic() - started
         self._forward_time.observe(sum(j.tokens for j in batch), forward_s)
         for job, result in zip(batch, results, strict=True):
@@ -333,7 +328,7 @@ class Batcher:
             _settle(job, Scored(result, started - job.enqueued, forward_s, len(batch)))
 
 
-def _settle(job: _Job, outcome: Scored | BaseException) -> None:
+def _settle(job: _Queued, outcome: Scored | BaseException) -> None:
     if job.future.done():
         return
     if isinstance(outcome, BaseException):

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from ..engine import DocScore, ScoreResult
-from ..request import Doc, ScoreOptions, ScoreRequest
+from ..request import Doc, Job, ScoreOptions, ScoreRequest
 from ..v1 import scorer_pb2 as pb
 from .batcher import Scored
 
@@ -20,6 +19,8 @@ def request_from_proto(msg: pb.ScoreDocsRequest, request_id: str) -> ScoreReques
         max_doc_tokens=o.max_doc_tokens,
         group_size=o.group_size,
         doc_special_tokens=o.doc_special_tokens,
+        top_n=o.top_n,
+        return_label_logprobs=o.return_label_logprobs,
     )
     docs = [Doc(text=d.text, id=d.id, token_ids=tuple(d.token_ids)) for d in msg.docs]
     return ScoreRequest(
@@ -32,23 +33,10 @@ def request_from_proto(msg: pb.ScoreDocsRequest, request_id: str) -> ScoreReques
     )
 
 
-def ranked(results: tuple[DocScore, ...], top_n: int) -> list[DocScore]:
-    """Input order when ``top_n`` is 0, else the best ``top_n`` by score, ties in input order."""
-    if not top_n:
-        return list(results)
-    return sorted(results, key=lambda d: -d.score)[:top_n]
-
-
 def response_to_proto(
-    msg: pb.ScoreDocsRequest,
-    request_id: str,
-    model: str,
-    scored: Scored,
-    tokenize_seconds: float,
-    total_seconds: float,
+    job: Job, request_id: str, model: str, scored: Scored, tokenize_seconds: float, total_seconds: float
 ) -> pb.ScoreDocsResponse:
-    result: ScoreResult = scored.result
-    with_logprobs = msg.options.return_label_logprobs
+    result, o = scored.result, job.options
     usage = result.usage
     return pb.ScoreDocsResponse(
         results=[
@@ -56,11 +44,11 @@ def response_to_proto(
                 id=d.id,
                 index=d.index,
                 score=d.score,
-                label_logprobs=d.label_logprobs if with_logprobs else (),
+                label_logprobs=d.label_logprobs if o.return_label_logprobs else (),
                 doc_tokens=d.doc_tokens,
                 truncated_tokens=d.truncated_tokens,
             )
-            for d in ranked(result.results, msg.options.top_n)
+            for d in result.results
         ],
         scheme=result.scheme,
         usage=pb.Usage(
@@ -76,6 +64,6 @@ def response_to_proto(
             total_seconds=total_seconds,
         ),
         model=model,
-        template=msg.options.template or ScoreOptions.template,
+        template=o.template or ScoreOptions.template,
         request_id=request_id,
     )

@@ -8,12 +8,12 @@ paths without a real accelerator running out of memory or a real bug.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from ..request import Tokenized
+from ..request import Job
 from .batcher import ScoreFn
 
 
@@ -28,13 +28,13 @@ class DebugKnobs:
         return bool(self.forward_delay_s or self.oom_above_tokens or self.fault_prompt)
 
 
-def with_faults(score: ScoreFn, knobs: DebugKnobs, count_tokens: Callable[[Tokenized], int]) -> ScoreFn:
-    def faulty_score(batch: Sequence[Tokenized]):
+def with_faults(score: ScoreFn, knobs: DebugKnobs) -> ScoreFn:
+    def faulty_score(batch: Sequence[Job]):
         if knobs.forward_delay_s:
             time.sleep(knobs.forward_delay_s)
         if knobs.fault_prompt and any(t.request.prompt == knobs.fault_prompt for t in batch):
             raise RuntimeError("injected fault (--debug-fault-prompt)")
-        tokens = sum(count_tokens(t) for t in batch)
+        tokens = sum(job.tokens for job in batch)
         if knobs.oom_above_tokens and tokens > knobs.oom_above_tokens:
             raise torch.OutOfMemoryError(f"injected: {tokens} tokens > --debug-oom-above-tokens")
         return score(batch)

@@ -11,19 +11,22 @@ from collections import Counter
 import pytest
 import torch
 
-from scorer.schemes import UNGROUPED
+from scorer.planning import REGISTRY as _REG
+
+UNGROUPED = tuple(n for n, s in _REG.items() if not s.grouped)
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 flashinfer = pytest.importorskip("flashinfer")
 
+from replay import replay_attention  # noqa: E402
+
 from bench.paging import to_pages  # noqa: E402
 from scorer.attention.base import HeadSpec  # noqa: E402
 from scorer.attention.flashinfer import FlashInferBackend  # noqa: E402
-from scorer.attention.kvpool import replay_attention  # noqa: E402
 from scorer.attention.torch_ref import TorchBackend  # noqa: E402
-from scorer.planning import Shape, check_plan, combine, planner  # noqa: E402
+from scorer.planning import Shape, check_plan, combine, get  # noqa: E402
 from scorer.planning.base import Plan  # noqa: E402
 from scorer.planning.packbits import multi_item_mask, pack_segments  # noqa: E402
 
@@ -36,7 +39,7 @@ MAX_REL_ERR = 1e-2
 
 def make_plan(name: str, shapes: list[Shape]) -> Plan:
     scheme, _, g = name.partition(":")
-    plan = planner(scheme, int(g or 8))(shapes)
+    plan = get(scheme).planner(int(g or 8))(shapes)
     check_plan(plan, 32768)
     return plan
 

@@ -113,7 +113,10 @@ def test_fused_model_matches_hf_op_order(checkpoint):
         return o if out is None else out.copy_(o)
 
     want = model.score_logits(model.forward_hidden(ids, pos, attn))
-    model.use_fused_kernels()
-    got = model.score_logits(model.forward_hidden(ids, pos, attn))
+    with torch.device("cuda"):
+        fused_model = DecoderLM(config, kernels="flashinfer").to(torch.bfloat16)
+    fused_model.load_state_dict(model.state_dict())
+    fused_model.eval().finalize()
+    got = fused_model.score_logits(fused_model.forward_hidden(ids, pos, attn))
     want_lp, got_lp = want.log_softmax(-1), got.log_softmax(-1)
     assert (got_lp - want_lp).abs().max() < 0.05

@@ -5,9 +5,11 @@ from __future__ import annotations
 import random
 
 from scorer.engine import Engine, ScoreResult
-from scorer.planning import SCHEMES
+from scorer.planning import names
 from scorer.server.convert import request_from_proto
 from scorer.v1 import scorer_pb2 as pb
+
+SCHEMES = names()
 
 FAULT_PROMPT = "please fail this batch"  # the shared server's --debug-fault-prompt
 

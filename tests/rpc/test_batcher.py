@@ -10,17 +10,20 @@ import pytest
 import torch
 
 from scorer.engine import ScoreResult, Usage
-from scorer.request import Doc, ScoreRequest, Tokenized
+from scorer.planning import Shape, get
+from scorer.request import Doc, Job, ScoreRequest
 from scorer.server.batcher import Batcher, BatchPolicy, Closed, Dropped, OutOfMemory, QueueFull
 
 
-def call(tokens: int, name: str = "") -> Tokenized:
+def call(tokens: int, name: str = "") -> Job:
     req = ScoreRequest(prompt=name or "q", docs=[Doc("d")])
     prefix = (1,) * (tokens - 1)
-    return Tokenized(req, prefix, items=((2,),), doc_tokens=(1,), truncated=(0,), label_ids=(3,))
+    shape = Shape(tokens - 1, (1,))
+    scheme = get("ragged")
+    return Job(req, prefix, ((2,),), (1,), (0,), (3,), shape, scheme, 0, scheme.rows(shape))
 
 
-def tokens_of(t: Tokenized) -> int:
+def tokens_of(t: Job) -> int:
     return len(t.prefix_ids) + sum(len(i) for i in t.items)
 
 
@@ -32,7 +35,7 @@ class FakeForward:
         self.oom_above = oom_above
         self.delay_s = delay_s
 
-    def __call__(self, batch: Sequence[Tokenized]):
+    def __call__(self, batch: Sequence[Job]):
         time.sleep(self.delay_s)
         if self.oom_above and sum(tokens_of(t) for t in batch) > self.oom_above:
             raise torch.OutOfMemoryError("fake")
@@ -49,7 +52,7 @@ def test_queued_calls_merge_in_arrival_order_up_to_the_token_budget():
     forward = FakeForward()
 
     async def scenario():
-        batcher = Batcher(forward, tokens_of, BatchPolicy(max_batch_tokens=250, max_wait_s=0.05))
+        batcher = Batcher(forward, BatchPolicy(max_batch_tokens=250, max_wait_s=0.05))
         batcher.start()
         scored = await asyncio.gather(*(batcher.submit(call(100, f"c{i}"), None, f"c{i}") for i in range(5)))
         await batcher.close()
@@ -63,7 +66,7 @@ def test_a_call_over_the_budget_runs_alone_and_a_lone_call_waits_at_most_max_wai
     forward = FakeForward()
 
     async def scenario():
-        batcher = Batcher(forward, tokens_of, BatchPolicy(max_batch_tokens=100, max_wait_s=0.05))
+        batcher = Batcher(forward, BatchPolicy(max_batch_tokens=100, max_wait_s=0.05))
         batcher.start()
         big, small = await asyncio.gather(
             batcher.submit(call(500, "big"), None, "big"), batcher.submit(call(10, "small"), None, "small")
@@ -81,7 +84,7 @@ def test_calls_whose_deadline_passed_or_that_were_cancelled_in_the_queue_are_nev
     forward = FakeForward(delay_s=0.2)
 
     async def scenario():
-        batcher = Batcher(forward, tokens_of, BatchPolicy(max_wait_s=0))
+        batcher = Batcher(forward, BatchPolicy(max_wait_s=0))
         batcher.start()
         blocker = asyncio.ensure_future(batcher.submit(call(10, "blocker"), None, "blocker"))
         await asyncio.sleep(0.05)
@@ -108,7 +111,7 @@ def test_out_of_memory_in_a_merged_batch_retries_each_call_alone():
     forward = FakeForward(oom_above=150, delay_s=0.05)
 
     async def scenario():
-        batcher = Batcher(forward, tokens_of, BatchPolicy(max_wait_s=0.05))
+        batcher = Batcher(forward, BatchPolicy(max_wait_s=0.05))
         batcher.start()
         results = await asyncio.gather(
             *(batcher.submit(call(n, f"c{n}"), None, f"c{n}") for n in (50, 200, 60)), return_exceptions=True
@@ -125,7 +128,7 @@ def test_a_full_queue_refuses_at_once_and_close_finishes_what_is_queued():
     forward = FakeForward(delay_s=0.1)
 
     async def scenario():
-        batcher = Batcher(forward, tokens_of, BatchPolicy(max_wait_s=0, max_queue=2))
+        batcher = Batcher(forward, BatchPolicy(max_wait_s=0, max_queue=2))
         batcher.start()
         blocker = asyncio.ensure_future(batcher.submit(call(10, "blocker"), None, "blocker"))
         await asyncio.sleep(0.02)
@@ -147,7 +150,7 @@ def test_the_next_batch_is_launched_while_the_last_one_is_collected():
     only once they are."""
     events: list[tuple[str, str]] = []
 
-    def launch(batch: Sequence[Tokenized]):
+    def launch(batch: Sequence[Job]):
         name = batch[0].request.prompt
         events.append(("launch", name))
 
@@ -159,7 +162,7 @@ def test_the_next_batch_is_launched_while_the_last_one_is_collected():
         return collect
 
     async def scenario():
-        batcher = Batcher(launch, tokens_of, BatchPolicy(max_batch_tokens=100, max_wait_s=0))
+        batcher = Batcher(launch, BatchPolicy(max_batch_tokens=100, max_wait_s=0))
         batcher.start()
         await asyncio.gather(*(batcher.submit(call(100, f"c{i}"), None, f"c{i}") for i in range(3)))
         await batcher.close()

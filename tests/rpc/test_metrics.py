@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from scorer.planning import PLANNERS
+from scorer.planning import REGISTRY
 from scorer.v1 import scorer_pb2 as pb
 
 EXPECTED_FAMILIES = {
@@ -28,12 +28,12 @@ EXPECTED_FAMILIES = {
 
 def test_every_scheme_used_has_its_latency_histogram_with_buckets_from_1_ms(server):
     stub = server.stub()
-    for scheme in PLANNERS:
+    for scheme in REGISTRY:
         docs = [pb.Doc(text="first doc"), pb.Doc(text="second doc")]
         options = pb.ScoreOptions(scheme=scheme, template="plain")
         stub.ScoreDocs(pb.ScoreDocsRequest(prompt="q", docs=docs, options=options), timeout=30)
 
-    for scheme in PLANNERS:
+    for scheme in REGISTRY:
         labels = {"scheme": scheme, "code": "OK"}
         assert server.metric("scorer_request_duration_seconds_count", **labels) >= 1, scheme
         buckets = [

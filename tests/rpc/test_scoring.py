@@ -9,10 +9,12 @@ import pytest
 from rpc_requests import random_request, solo, text
 
 from scorer import cli
-from scorer.planning import SCHEMES
+from scorer.planning import names
 from scorer.request import TEMPLATES, ScoreOptions
 from scorer.server.convert import request_from_proto
 from scorer.v1 import scorer_pb2 as pb
+
+SCHEMES = names()
 
 TOLERANCE = 1e-4
 

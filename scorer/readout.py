@@ -1,0 +1,97 @@
+"""The read-out: label log-probs at each item's score row, score modes, usage, ``top_n``."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .request import Job
+
+
+@dataclass(frozen=True)
+class DocScore:
+    index: int
+    id: str
+    score: float
+    label_logprobs: tuple[float, ...]
+    doc_tokens: int
+    truncated_tokens: int
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    doc_tokens: int
+    tokens_computed: int
+    tokens_saved: int
+
+
+@dataclass(frozen=True)
+class ScoreResult:
+    results: tuple[DocScore, ...]  # input order, or the best ``top_n`` by score
+    scheme: str
+    usage: Usage
+
+
+def label_logprobs(model, rows: torch.Tensor, jobs: Sequence[Job]) -> torch.Tensor:
+    """Full-vocabulary log-probs of each item's label tokens, from its last hidden row ([items,
+    hidden], the items of ``jobs`` in order), flat in item order; on the device, not waited for."""
+    logits = model.score_logits(rows).float()
+    lse = torch.logsumexp(logits, dim=-1)
+    item, label_ids, at = [], [], 0
+    for job in jobs:
+        k, n = len(job.label_ids), len(job.items)
+        item += [i for i in range(at, at + n) for _ in range(k)]
+        label_ids += job.label_ids * n
+        at += n
+    item = torch.tensor(item, dtype=torch.long).to(rows.device, non_blocking=True)
+    label_ids = torch.tensor(label_ids, dtype=torch.long).to(rows.device, non_blocking=True)
+    return logits[item, label_ids] - lse[item]
+
+
+def results(jobs: Sequence[Job], requests: Sequence[int], flat: Sequence[float]) -> list[ScoreResult]:
+    """Each request's result in batch order, from the flat label log-probs of ``jobs`` (plan
+    order; ``requests``: the batch index of each)."""
+    out: list[ScoreResult | None] = [None] * len(requests)
+    at = 0
+    for pos, job in zip(requests, jobs, strict=True):
+        k = len(job.label_ids)
+        lps = [tuple(flat[at + i * k : at + (i + 1) * k]) for i in range(len(job.items))]
+        at += k * len(job.items)
+        out[pos] = result(job, lps)
+    return out  # type: ignore[return-value]
+
+
+def result(job: Job, logprobs: Sequence[tuple[float, ...]]) -> ScoreResult:
+    o = job.options
+    docs = job.request.docs
+    scores = [
+        DocScore(
+            i,
+            docs[i].id,
+            lps[0] if o.score_mode == "logprob" else math.exp(lps[0] - _logsumexp(lps)),
+            lps,
+            job.doc_tokens[i],
+            job.truncated[i],
+        )
+        for i, lps in enumerate(logprobs)
+    ]
+    usage = Usage(
+        len(job.prefix_ids), sum(job.doc_tokens), job.tokens, job.shape.prompt_per_doc_tokens - job.tokens
+    )
+    return ScoreResult(tuple(ranked(scores, o.top_n)), job.scheme.name, usage)
+
+
+def ranked(results: Sequence[DocScore], top_n: int) -> list[DocScore]:
+    """Input order when ``top_n`` is 0, else the best ``top_n`` by score, ties in input order."""
+    if not top_n:
+        return list(results)
+    return sorted(results, key=lambda d: -d.score)[:top_n]
+
+
+def _logsumexp(xs: Sequence[float]) -> float:
+    m = max(xs)
+    return m + math.log(sum(math.exp(x - m) for x in xs))

@@ -1,0 +1,72 @@
+"""The model runner: the model on its device, its CUDA graphs, the attention backend and the K/V
+pool of each plan. ``forward`` runs a plan's passes and returns the hidden state of every item's
+score row, in plan order; it does no per-item work in Python (the plan carries the rows)."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+
+import torch
+
+from .attention.base import AttentionBackend
+from .attention.kvpool import KVPool
+from .models.decoder import DecoderLM
+from .models.graphs import GraphedDecoder
+from .planning import Plan
+
+log = logging.getLogger(__name__)
+
+
+class ModelRunner:
+    """``cuda_graph_max_tokens``: on CUDA, passes up to this many tokens replay piecewise CUDA
+    graphs (once captured); 0: every pass runs eagerly."""
+
+    def __init__(self, model: DecoderLM, backend: AttentionBackend, cuda_graph_max_tokens: int = 0) -> None:
+        self.model = model
+        self.backend = backend
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self.stats: Counter = Counter()
+        n = cuda_graph_max_tokens
+        self.graphs = GraphedDecoder(model, n) if n > 0 and self.device.type == "cuda" else None
+
+    def capture_graphs(self) -> float:
+        """Capture the CUDA graphs of every token bucket (seconds taken; 0 without graphs). Until
+        then every forward runs eagerly; so does every forward when the capture runs out of
+        memory (logged: lower ``cuda_graph_max_tokens``)."""
+        if self.graphs is None:
+            return 0.0
+        try:
+            return self.graphs.warm_up()
+        except torch.OutOfMemoryError as e:
+            log.warning(
+                "CUDA graphs up to %d tokens do not fit (%s); forwards run eagerly", self.graphs.max_tokens, e
+            )
+            self.graphs = None
+            torch.cuda.empty_cache()
+            return 0.0
+
+    def forward(self, plan: Plan, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Run every pass of ``plan`` over the batch's logical tokens (``ids``, ``positions``);
+        returns the final hidden state of each item's score row [items, hidden], in plan order."""
+        mc = self.model.config
+        pool = KVPool(plan, mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype, self.device)
+        decoder = self.graphs or self.model
+        rows = []
+        for p, score_rows in zip(plan.passes, plan.score_rows, strict=True):
+            self.backend.plan(p)
+            logical = p.logical.to(self.device, non_blocking=True)
+
+            def attn(layer, q, k, v, out=None, p=p):
+                return self.backend.run(layer, q, *pool.write(layer, p, k, v), out=out)
+
+            hidden = decoder.forward_hidden(ids[logical], positions[logical], attn)
+            rows.append(hidden[score_rows.to(self.device, non_blocking=True)])
+            self.stats["forward_passes"] += 1
+            self.stats["tokens_computed"] += p.num_rows
+        out = rows[0] if len(rows) == 1 else torch.cat(rows)
+        if plan.item_order is not None:
+            out = out[plan.item_order.to(self.device, non_blocking=True)]
+        self.stats["lm_head_rows"] += len(out)
+        return out

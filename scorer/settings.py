@@ -1,0 +1,259 @@
+"""The serving configuration: one definition of every setting of ``scorer serve``, ``scorer score``
+and the Ray deployment, with one parser.
+
+Each field of ``Settings`` names the front ends that take it (``serve``, ``score``, ``ray``);
+``add_arguments`` turns the fields of one front end into argparse flags (``--max-batch-tokens``
+for ``max_batch_tokens``) and ``from_args`` reads them back; Ray's ``ScorerArgs`` is a pydantic
+model of the ``ray`` fields. ``Settings`` validates every value once, whichever front end gave it,
+and derives what each part needs: ``engine_config()``, ``batch_policy()``, ``knobs()``,
+``build_engine()``. The per-request options of ``scorer score`` come from ``ScoreOptions`` the same
+way (``add_request_arguments``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import typing
+from dataclasses import dataclass, field, fields
+
+import torch
+
+from .attention import BACKENDS, FALLBACKS
+from .engine import Engine, EngineConfig
+from .planning import names as scheme_names
+from .planning.choose import AUTO_POLICIES
+from .request import DOC_SPECIAL_TOKENS, SCORE_MODES, TEMPLATES, TRUNCATE_MODES, ScoreOptions
+from .runtime import MODEL_KERNELS
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+SERVE, SCORE, RAY = "serve", "score", "ray"
+EVERY = (SERVE, SCORE, RAY)
+SERVERS = (SERVE, RAY)
+
+
+def setting(default, help: str, *, choices=None, scopes=SERVERS, metavar=None):
+    return field(
+        default=default, metadata={"help": help, "choices": choices, "scopes": scopes, "metavar": metavar}
+    )
+
+
+@dataclass(frozen=True)
+class Settings:
+    # the model and how it runs
+    model: str | None = setting(
+        None, "checkpoint directory (default: the embedded tiny model)", scopes=EVERY, metavar="DIR"
+    )
+    attention_backend: str = setting(
+        "auto",
+        "auto (FlashInfer where it can run the model, else the torch reference), torch or flashinfer",
+        choices=BACKENDS,
+        scopes=EVERY,
+    )
+    attention_fallback: str = setting(
+        "none",
+        "when --attention-backend flashinfer cannot run: none (say why and exit 2) or torch (run the"
+        " torch reference, shown in the start log and scorer_model_info)",
+        choices=FALLBACKS,
+        scopes=EVERY,
+    )
+    device: str | None = setting(None, "cuda or cpu (default: cuda when available)", scopes=EVERY)
+    dtype: str | None = setting(
+        None, "default: bfloat16 on cuda, float32 on cpu", choices=tuple(DTYPES), scopes=EVERY
+    )
+    model_kernels: str = setting(
+        "auto",
+        "norm, RoPE and SiLU-and-mul: flashinfer (fused, fp32 inside), torch (HF's op order), or auto"
+        " (flashinfer with FlashInfer attention on CUDA)",
+        choices=MODEL_KERNELS,
+        scopes=EVERY,
+    )
+    cuda_graph_max_tokens: int = setting(
+        16384,
+        "on CUDA, forward passes up to this many tokens replay piecewise CUDA graphs captured at"
+        " start-up (everything but attention); 0: always eager",
+        scopes=EVERY,
+    )
+    auto_policy: str = setting(
+        "default",
+        "how scheme=auto picks: calibrated (H200 cost model), article (section 5.3), ragged, or default"
+        " (calibrated on FlashInfer, ragged on the CPU, the article's guide for torch on a GPU)",
+        choices=AUTO_POLICIES,
+        scopes=EVERY,
+    )
+    # limits of a call
+    max_docs: int = setting(1024, "documents per call")
+    max_doc_tokens: int = setting(8192, "tokens per document")
+    # batching
+    max_batch_tokens: int = setting(
+        16384,
+        "token budget of one forward pass: calls are merged up to it, a larger call runs alone in"
+        " several passes that reuse its prompt's K/V",
+    )
+    max_wait_ms: float = setting(2.0, "longest a queued call waits for others to fill its batch")
+    max_queue: int = setting(256, "calls waiting beyond this are refused with RESOURCE_EXHAUSTED")
+    # the standalone server
+    host: str = setting("127.0.0.1", "address to listen on (gRPC and metrics)", scopes=(SERVE,))
+    port: int = setting(50051, "gRPC port", scopes=(SERVE,))
+    metrics_port: int = setting(9464, "Prometheus /metrics port (Ray: the first one tried); 0: off")
+    max_message_bytes: int = setting(64 * 2**20, "largest request or response message", scopes=(SERVE,))
+    drain_seconds: float = setting(
+        5.0, "after SIGTERM: keep serving this long with health NOT_SERVING", scopes=(SERVE,)
+    )
+    grace_seconds: float = setting(30.0, "after the drain: longest wait for calls in flight", scopes=(SERVE,))
+    tls_cert: str | None = setting(
+        None, "serve TLS with this certificate chain", scopes=(SERVE,), metavar="PEM"
+    )
+    tls_key: str | None = setting(None, "private key of --tls-cert", scopes=(SERVE,), metavar="PEM")
+    log_level: str = setting("INFO", "DEBUG, INFO, WARNING or ERROR")
+    # a Ray replica
+    call_timeout_s: float | None = setting(
+        None,
+        "deadline of each call from its arrival at the replica (Ray's proxy does not pass the client's"
+        " deadline on); it lets the batcher refuse or drop calls that cannot finish in time",
+        scopes=(RAY,),
+    )
+    metrics_host: str = setting("0.0.0.0", "address of the replica's /metrics", scopes=(RAY,))
+    metrics_port_tries: int = setting(
+        8, "replicas on one node take the next free metrics port, up to this many", scopes=(RAY,)
+    )
+    # test knobs (never in production)
+    debug_forward_delay_ms: float = setting(
+        0.0, "test knob: sleep this long before every forward batch", scopes=(SERVE,)
+    )
+    debug_oom_above_tokens: int = setting(
+        0, "test knob: a forward batch over this many tokens raises OutOfMemoryError", scopes=(SERVE,)
+    )
+    debug_fault_prompt: str = setting(
+        "", "test knob: a forward batch with a call of this prompt raises RuntimeError", scopes=(SERVE,)
+    )
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            choices, value = f.metadata["choices"], getattr(self, f.name)
+            if choices is not None and value is not None and value not in choices:
+                raise ValueError(f"{f.name}: {value!r} is not one of {', '.join(choices)}")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("tls_cert and tls_key go together")
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(
+            max_docs=self.max_docs,
+            max_doc_tokens=self.max_doc_tokens,
+            max_tokens_per_pass=self.max_batch_tokens,
+            auto_policy=self.auto_policy,
+        )
+
+    def batch_policy(self):
+        from .server.batcher import BatchPolicy
+
+        return BatchPolicy(self.max_batch_tokens, self.max_wait_ms / 1e3, self.max_queue)
+
+    def knobs(self):
+        from .server.debug import DebugKnobs
+
+        return DebugKnobs(
+            self.debug_forward_delay_ms / 1e3, self.debug_oom_above_tokens, self.debug_fault_prompt
+        )
+
+    def build_engine(self, config: EngineConfig | None = None) -> Engine:
+        from .runtime import build_engine
+
+        return build_engine(
+            self.model,
+            self.attention_backend,
+            self.device,
+            DTYPES[self.dtype] if self.dtype else None,
+            config or self.engine_config(),
+            attention_fallback=self.attention_fallback,
+            kernels=self.model_kernels,
+            cuda_graph_max_tokens=self.cuda_graph_max_tokens,
+        )
+
+
+def names_for(scope: str) -> list[str]:
+    """The settings a front end takes."""
+    return [f.name for f in fields(Settings) if scope in f.metadata["scopes"]]
+
+
+def add_arguments(parser: argparse.ArgumentParser, scope: str) -> None:
+    """One flag per setting of ``scope``."""
+    hints = typing.get_type_hints(Settings)
+    for f in fields(Settings):
+        if scope in f.metadata["scopes"]:
+            _add(parser, f.name, f.metadata, hints[f.name], f.default)
+
+
+def from_args(args: argparse.Namespace, scope: str) -> Settings:
+    """Settings from the flags of ``scope`` (a bad value raises ValueError naming the field)."""
+    return Settings(**{name: getattr(args, name) for name in names_for(scope)})
+
+
+def scorer_args_model():
+    """Ray's ``ScorerArgs``: a pydantic model of the ``ray`` settings (unknown keys refused)."""
+    from pydantic import ConfigDict, create_model
+
+    hints = typing.get_type_hints(Settings)
+    defs = {f.name: (hints[f.name], f.default) for f in fields(Settings) if RAY in f.metadata["scopes"]}
+    model = create_model("ScorerArgs", __config__=ConfigDict(extra="forbid", protected_namespaces=()), **defs)
+    model.__doc__ = (
+        "Arguments of one replica: the ``args`` of a serve config, or ``key=value`` after ``serve run``."
+    )
+    return model
+
+
+REQUEST_HELP = {
+    "scheme": "shared-prefix scheme, or auto (chosen by shape)",
+    "template": "prompt template",
+    "label_tokens": "label words, each a single vocabulary token (default: yes no)",
+    "label_token_ids": "label token ids instead of --label-tokens",
+    "score_mode": "softmax: P(first label) over the labels; logprob: log P(first label)",
+    "truncate": "a doc over the limit: error, or doc_end (cut its end)",
+    "max_doc_tokens": "tokens per document (0: the engine's limit)",
+    "group_size": "docs per group for the grouped scheme (0: the engine's default)",
+    "doc_special_tokens": "text: special-token strings in docs stay plain text (no control tokens from docs)",
+    "top_n": "print only the best N docs by score (0: every doc in input order)",
+    "return_label_logprobs": "print each doc's label log-probs",
+}
+REQUEST_CHOICES = {
+    "scheme": scheme_names,
+    "template": lambda: tuple(TEMPLATES),
+    "score_mode": lambda: SCORE_MODES,
+    "truncate": lambda: TRUNCATE_MODES,
+    "doc_special_tokens": lambda: DOC_SPECIAL_TOKENS,
+}
+
+
+def add_request_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per ``ScoreOptions`` field (choices read when the parser is built, so a scheme
+    registered before then is offered)."""
+    hints = typing.get_type_hints(ScoreOptions)
+    for f in fields(ScoreOptions):
+        choices = REQUEST_CHOICES.get(f.name)
+        meta = {"help": REQUEST_HELP[f.name], "choices": choices() if choices else None}
+        _add(parser, f.name, meta, hints[f.name], f.default)
+
+
+def request_options(args: argparse.Namespace) -> ScoreOptions:
+    values = {f.name: getattr(args, f.name) for f in fields(ScoreOptions)}
+    return ScoreOptions(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+
+
+def _add(parser: argparse.ArgumentParser, name: str, meta, hint, default) -> None:
+    flag = "--" + name.replace("_", "-")
+    kw = {"default": default, "help": meta["help"], "dest": name}
+    if meta.get("metavar"):
+        kw["metavar"] = meta["metavar"]
+    if meta.get("choices") is not None:
+        kw["choices"] = meta["choices"]
+    base = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+    kind = base[0]
+    if kind is bool:
+        parser.add_argument(flag, action="store_true", **{k: v for k, v in kw.items() if k != "default"})
+        return
+    if typing.get_origin(kind) is tuple:
+        kw["nargs"] = "+"
+        kw["type"] = typing.get_args(kind)[0]
+        kw["default"] = default
+    elif kind in (int, float):
+        kw["type"] = kind
+    parser.add_argument(flag, **kw)
