@@ -21,6 +21,20 @@ CHUNK_DOCS = 256  # docs per request when a file is large, so the progress bar m
 
 
 def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "serve":
+        try:
+            from .server import app
+        except ImportError as e:  # the gRPC server is not part of this build
+            parser.error(f"the gRPC server is not available in this build ({e})")
+        return app.run(args)
+    return _score(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """``scorer score`` and ``scorer serve``, their flags from ``scorer.settings``."""
     parser = argparse.ArgumentParser(prog="scorer", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     score = sub.add_parser("score", help="score a JSONL file of docs ({'text': ..., 'id': ...} per line)")
@@ -31,15 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(score, SCORE)
     serve = sub.add_parser("serve", help="run the gRPC ScoreDocs service")
     add_arguments(serve, SERVE)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.command == "serve":
-        try:
-            from .server import app
-        except ImportError as e:  # the gRPC server is not part of this build
-            parser.error(f"the gRPC server is not available in this build ({e})")
-        return app.run(args)
-    return _score(args)
+    return parser
 
 
 def _score(args: argparse.Namespace) -> int:

@@ -84,7 +84,7 @@ def check_close(got: torch.Tensor, ref: torch.Tensor, what: str) -> None:
 def test_scheme_equals_torch_reference(scheme: str, dtype: torch.dtype, kernels: str):
     rng = random.Random(f"{scheme}-{dtype}-{kernels}")
     sp = spec(dtype)
-    backend = FlashInferBackend(sp, kernels=kernels, fallback=False)
+    backend = FlashInferBackend(sp, kernels=kernels)
     for trial in range(4):
         shapes = random_shapes(rng)
         q, k, v = random_qkv(shapes, sp, seed=trial)
@@ -100,7 +100,7 @@ def test_scheme_equals_torch_reference(scheme: str, dtype: torch.dtype, kernels:
 def test_mixed_batch_equals_torch_reference(kernels: str):
     rng = random.Random(kernels)
     sp = spec(torch.bfloat16)
-    backend = FlashInferBackend(sp, kernels=kernels, fallback=False)
+    backend = FlashInferBackend(sp, kernels=kernels)
     for trial in range(6):
         shapes = random_shapes(rng) + random_shapes(rng)
         plan = combine([make_plan(rng.choice(SCHEMES), [s]) for s in shapes])
@@ -122,7 +122,7 @@ def test_article_shapes_equal_torch_reference(scheme: str, shape: Shape, kernels
     sp = spec(torch.float16, heads=(16, 8))
     q, k, v = random_qkv([shape], sp, seed=7)
     plan = make_plan(scheme, [shape])
-    got = replay_attention(plan, FlashInferBackend(sp, kernels=kernels, fallback=False), q, k, v)
+    got = replay_attention(plan, FlashInferBackend(sp, kernels=kernels), q, k, v)
     check_close(got, replay_attention(plan, TorchBackend(sp), q, k, v), f"{scheme} {shape}")
 
 
@@ -147,7 +147,7 @@ def test_paged_layout_equals_the_flat_one(scheme: str, page_size: int):
     """The page-size benchmark's layout: the same attention as the engine's page_size 1."""
     rng = random.Random(f"paged-{scheme}-{page_size}")
     sp = spec(torch.bfloat16)
-    flat, paged = (FlashInferBackend(sp, fallback=False) for _ in range(2))
+    flat, paged = (FlashInferBackend(sp) for _ in range(2))
     for trial in range(3):
         shapes = random_shapes(rng)
         q, k, v = random_qkv(shapes, sp, seed=200 + trial)
@@ -160,7 +160,7 @@ def test_paged_layout_equals_the_flat_one(scheme: str, page_size: int):
 def test_cascade_merges_once_per_layer():
     sp = spec(torch.bfloat16)
     shapes = [Shape(96, (4, 4))]
-    backend = FlashInferBackend(sp, fallback=False)
+    backend = FlashInferBackend(sp)
     replay_attention(make_plan("cascade", shapes), backend, *random_qkv(shapes, sp, 0))
     assert backend.stats == Counter({"calls": 3, "merges": 1})
 
@@ -220,7 +220,7 @@ def later_items_change(backend, scheme: str) -> bool:
 )
 def test_items_cannot_see_each_other(scheme: str, kernels: str):
     sp = spec(torch.bfloat16)
-    assert not later_items_change(FlashInferBackend(sp, kernels=kernels, fallback=False), scheme)
+    assert not later_items_change(FlashInferBackend(sp, kernels=kernels), scheme)
 
 
 def test_isolation_check_catches_the_ragged_wrapper():
@@ -258,15 +258,20 @@ def test_planner_mask_equals_flashinfers_own_packing_in_plan():
     assert w._mask_indptr_buf.cpu().tolist() == c.custom_mask.indptr.tolist()
 
 
-def test_unsupported_spec_falls_back_or_raises():
+def test_an_unsupported_spec_is_refused_at_start_never_switched_while_running():
+    """FlashInfer cannot run fp32 or head_dim 96 here: the backend raises at construction;
+    make_backend's auto takes the torch reference, an explicit flashinfer is BackendUnavailable
+    unless the torch fallback is asked for."""
+    from scorer.attention import BackendUnavailable, make_backend
     from scorer.attention.flashinfer import UnsupportedShape
 
     fp32 = HeadSpec(8, 2, 128, torch.float32, DEV)
-    b = FlashInferBackend(fp32)
-    assert b.fell_back
-    shapes = [Shape(20, (5, 6))]
-    q, k, v = random_qkv(shapes, fp32, 0)
-    got = replay_attention(make_plan("multi_item", shapes), b, q, k, v)
-    check_close(got, replay_attention(make_plan("naive", shapes), TorchBackend(fp32), q, k, v), "fallback")
+    with pytest.raises(UnsupportedShape, match="float32"):
+        FlashInferBackend(fp32)
     with pytest.raises(UnsupportedShape, match="head_dim 96"):
-        FlashInferBackend(HeadSpec(8, 2, 96, torch.bfloat16, DEV), fallback=False)
+        FlashInferBackend(HeadSpec(8, 2, 96, torch.bfloat16, DEV))
+    assert make_backend("auto", fp32).name == "torch"
+    with pytest.raises(BackendUnavailable, match="float32"):
+        make_backend("flashinfer", fp32)
+    assert make_backend("flashinfer", fp32, fallback="torch").name == "torch"
+    assert make_backend("auto", HeadSpec(8, 2, 128, torch.bfloat16, DEV)).name == "flashinfer"

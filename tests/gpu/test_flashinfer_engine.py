@@ -58,16 +58,16 @@ def cpu_engine(checkpoint):
 def gpu_engine(checkpoint):
     """The serving configuration: FlashInfer and the CUDA graphs captured (default buckets)."""
     engine = build_engine(checkpoint, "flashinfer", "cuda", torch.bfloat16, EngineConfig())
-    assert engine.backend.name == "flashinfer" and engine.model.fused
-    assert engine.capture_graphs() > 0
+    assert engine.runner.backend.name == "flashinfer" and engine.runner.model.fused
+    assert engine.runner.capture_graphs() > 0
     return engine
 
 
 @pytest.fixture(scope="module")
 def gpu_scores(gpu_engine) -> dict[str, list[float]]:
-    gpu_engine.graphs.stats.clear()
+    gpu_engine.runner.graphs.stats.clear()
     out = {s: scores(gpu_engine, s) for s in SCHEMES}
-    stats = gpu_engine.graphs.stats  # naive batches of 4 x 12 docs can exceed the largest bucket
+    stats = gpu_engine.runner.graphs.stats  # naive batches of 4 x 12 docs can exceed the largest bucket
     assert stats["graphed_forwards"] > stats["eager_forwards"]
     return out
 
@@ -75,9 +75,10 @@ def gpu_scores(gpu_engine) -> dict[str, list[float]]:
 @pytest.fixture(scope="module")
 def eager_scores(checkpoint) -> dict[str, list[float]]:
     """FlashInfer attention in an eager forward with HF's op order for everything else."""
-    config = EngineConfig(cuda_graph_max_tokens=0, model_kernels="torch")
-    engine = build_engine(checkpoint, "flashinfer", "cuda", torch.bfloat16, config)
-    assert engine.graphs is None and not engine.model.fused
+    engine = build_engine(
+        checkpoint, "flashinfer", "cuda", torch.bfloat16, kernels="torch", cuda_graph_max_tokens=0
+    )
+    assert engine.runner.graphs is None and not engine.runner.model.fused
     return {s: scores(engine, s) for s in SCHEMES}
 
 
@@ -119,16 +120,17 @@ def test_mixed_scheme_batch_matches_single_scheme_scores(gpu_engine, gpu_scores)
 def _layer_loop(engine, plan, ids, positions, logicals, graphed: bool) -> torch.Tensor:
     """The engine's forward (in inference mode, as the engine runs it) with the plan's row maps
     already on the device."""
-    mc, dtype = engine.model.config, next(engine.model.parameters()).dtype
-    pool = KVPool(plan, mc.num_layers, mc.num_kv_heads, mc.head_dim, dtype, engine.device)
+    runner = engine.runner
+    mc = runner.model.config
+    pool = KVPool(plan, mc.num_layers, mc.num_kv_heads, mc.head_dim, runner.dtype, runner.device)
     hidden = None
     for p, logical in zip(plan.passes, logicals, strict=True):
-        engine.backend.plan(p)
+        runner.backend.plan(p)
 
         def attn(layer, q, k, v, out=None, p=p):
-            return engine.backend.run(layer, q, *pool.write(layer, p, k, v), out=out)
+            return runner.backend.run(layer, q, *pool.write(layer, p, k, v), out=out)
 
-        model = engine.graphs if graphed else engine.model
+        model = runner.graphs if graphed else runner.model
         hidden = model.forward_hidden(ids[logical], positions[logical], attn)
     return hidden
 
@@ -137,8 +139,8 @@ def _layer_loop(engine, plan, ids, positions, logicals, graphed: bool) -> torch.
 @pytest.mark.parametrize("scheme", SCHEMES[:-1])
 def test_layer_loop_runs_without_host_sync(gpu_engine, scheme, graphed):
     batch = [gpu_engine.tokenize(q) for q in requests(scheme, seed=5, n=2)]
-    plan, order, _ = gpu_engine.plan(batch)
-    ids, positions = logical_tokens([batch[i] for i in order], gpu_engine.device)
+    plan = gpu_engine.plan(batch)
+    ids, positions = logical_tokens([batch[i] for i in plan.requests], gpu_engine.device)
     logicals = [p.logical.to(gpu_engine.device) for p in plan.passes]
     _layer_loop(gpu_engine, plan, ids, positions, logicals, graphed)
     torch.cuda.synchronize()

@@ -90,13 +90,23 @@ class ServerProcess:
 
 
 def start_server(
-    cache_dir: Path, log_dir: Path, args: Sequence[str] = (), root_cert: bytes | None = None
+    cache_dir: Path,
+    log_dir: Path,
+    args: Sequence[str] = (),
+    root_cert: bytes | None = None,
+    preload: Sequence[str] = (),
 ) -> ServerProcess:
-    """Start ``python -m scorer.server`` on free loopback ports; return once health says SERVING."""
+    """Start ``python -m scorer.server`` on free loopback ports; return once health says SERVING.
+    ``preload``: modules of tests/ imported first (a scheme registered by a test, say)."""
     port, metrics_port = free_port(), free_port()
     log_path = log_dir / f"server-{port}.log"
-    cmd = [sys.executable, "-m", "scorer.server", "--port", str(port), "--metrics-port", str(metrics_port)]
+    main = ["-m", "scorer.server"]
+    if preload:
+        imports = "; ".join(f"import {m}" for m in preload)
+        main = ["-c", f"{imports}; import runpy; runpy.run_module('scorer.server', run_name='__main__')"]
+    cmd = [sys.executable, *main, "--port", str(port), "--metrics-port", str(metrics_port)]
     env = {**os.environ, "SCORER_CACHE_DIR": str(cache_dir), "PYTHONUNBUFFERED": "1"}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), env.get("PYTHONPATH", "")])
     with log_path.open("wb") as log_file:
         proc = subprocess.Popen(
             [*cmd, "--drain-seconds", "0", *args],
