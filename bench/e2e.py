@@ -200,8 +200,9 @@ def run(
     repeats: int = 5,
     graph_max_tokens: int = 16384,
     compare: tuple[str, ...] = ("eager",),
+    kernels: str = "flashinfer",
 ) -> dict:
-    model = build_model(device, layers, "flashinfer")  # the serving configuration: fused kernels, graphs
+    model = build_model(device, layers, kernels)  # the serving configuration: fused kernels, graphs
     reference = build_model(device, layers)  # equal weights, HF's op order, eager
     mc = model.config
     backend = FlashInferBackend(HeadSpec(mc.num_heads, mc.num_kv_heads, mc.head_dim, torch.bfloat16, device))
@@ -213,10 +214,16 @@ def run(
     if "fa2" in compare:
         others["results_fa2"] = copy.copy(engine)  # the same model and graphs, FA2 attention
         others["results_fa2"].backend = FlashInferBackend(backend.spec, kernels="fa2")
+    for name in ("flashinfer", "fused"):
+        if name in compare and name != kernels:  # the same weights, other model kernels, graphs
+            others[f"results_{name}"] = ModelRunner(
+                build_model(device, layers, name), backend, graph_max_tokens
+            )
+            others[f"results_{name}"].capture_graphs()
     result = {"env": environment(device), "model": {**QWEN3_06B, "num_hidden_layers": layers}}
     result["compare"] = list(others)
     result["kernels"] = getattr(backend, "kernels", backend.name)
-    result["model_kernels"] = {"results": "flashinfer" if model.fused else "torch", "results_eager": "torch"}
+    result["model_kernels"] = {"results": kernels, "results_eager": "torch"}
     result["timing"] = (
         "wall ms of ModelRunner.forward, synchronised before and after; median of round-robin runs"
     )
@@ -268,7 +275,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--graph-max-tokens", type=int, default=16384, help="0: eager forwards only")
-    ap.add_argument("--compare", default="eager", help="held-out cells also in: eager, fa2 (comma-separated)")
+    ap.add_argument(
+        "--compare",
+        default="eager",
+        help="held-out cells also in: eager, fa2, flashinfer, fused (comma-separated)",
+    )
+    ap.add_argument(
+        "--model-kernels",
+        default="flashinfer",
+        help="of the main runs (the cost model is fitted to flashinfer)",
+    )
     a = ap.parse_args(argv)
     if a.smoke:
         cells = [("smoke", c) for c in SMOKE]
@@ -278,7 +294,17 @@ def main(argv: list[str] | None = None) -> None:
     layers = 2 if a.smoke else QWEN3_06B["num_hidden_layers"]
     deadline = time.monotonic() + a.budget
     compare = tuple(x for x in a.compare.split(",") if x)
-    run(cells, layers, a.out, deadline, torch.device(a.device), a.repeats, a.graph_max_tokens, compare)
+    run(
+        cells,
+        layers,
+        a.out,
+        deadline,
+        torch.device(a.device),
+        a.repeats,
+        a.graph_max_tokens,
+        compare,
+        a.model_kernels,
+    )
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from . import readout
+from .devices import to_device
 from .planning import AUTO, Plan, Scheme, Shape, get, plan_batch
 from .planning.choose import auto_policy
 from .planning.schemes import DEFAULT_GROUP_SIZE
@@ -127,7 +128,4 @@ def logical_tokens(batch: Sequence[Job], device) -> tuple[torch.Tensor, torch.Te
     ids = np.fromiter(chain.from_iterable(chunks), dtype=np.int64, count=int(lens.sum()))
     first = np.cumsum(lens) - lens  # index of each chunk's first token
     pos = np.arange(len(ids), dtype=np.int64) - np.repeat(first - np.asarray(starts, dtype=np.int64), lens)
-    return (
-        torch.from_numpy(ids).to(device, non_blocking=True),
-        torch.from_numpy(pos).to(device, non_blocking=True),
-    )
+    return to_device(torch.from_numpy(ids), device), to_device(torch.from_numpy(pos), device)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .devices import to_device
 from .request import Job
 
 
@@ -47,8 +48,8 @@ def label_logprobs(model, rows: torch.Tensor, jobs: Sequence[Job]) -> torch.Tens
         item += [i for i in range(at, at + n) for _ in range(k)]
         label_ids += job.label_ids * n
         at += n
-    item = torch.tensor(item, dtype=torch.long).to(rows.device, non_blocking=True)
-    label_ids = torch.tensor(label_ids, dtype=torch.long).to(rows.device, non_blocking=True)
+    item = to_device(torch.tensor(item, dtype=torch.long), rows.device)
+    label_ids = to_device(torch.tensor(label_ids, dtype=torch.long), rows.device)
     return logits[item, label_ids] - lse[item]
 
 

@@ -11,6 +11,7 @@ import torch
 
 from .attention.base import AttentionBackend
 from .attention.kvpool import KVPool
+from .devices import to_device
 from .models.decoder import DecoderLM
 from .models.graphs import GraphedDecoder
 from .planning import Plan
@@ -56,17 +57,17 @@ class ModelRunner:
         rows = []
         for p, score_rows in zip(plan.passes, plan.score_rows, strict=True):
             self.backend.plan(p)
-            logical = p.logical.to(self.device, non_blocking=True)
+            logical = to_device(p.logical, self.device)
 
             def attn(layer, q, k, v, out=None, p=p):
                 return self.backend.run(layer, q, *pool.write(layer, p, k, v), out=out)
 
             hidden = decoder.forward_hidden(ids[logical], positions[logical], attn)
-            rows.append(hidden[score_rows.to(self.device, non_blocking=True)])
+            rows.append(hidden[to_device(score_rows, self.device)])
             self.stats["forward_passes"] += 1
             self.stats["tokens_computed"] += p.num_rows
         out = rows[0] if len(rows) == 1 else torch.cat(rows)
         if plan.item_order is not None:
-            out = out[plan.item_order.to(self.device, non_blocking=True)]
+            out = out[to_device(plan.item_order, self.device)]
         self.stats["lm_head_rows"] += len(out)
         return out

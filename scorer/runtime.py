@@ -3,6 +3,7 @@ backend and the model's kernels are decided here, once, before the model is buil
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from pathlib import Path
 
@@ -16,17 +17,20 @@ from .models.tiny import ensure_tiny_model
 from .runner import ModelRunner
 
 log = logging.getLogger(__name__)
-MODEL_KERNELS = ("auto", "torch", "flashinfer")
+MODEL_KERNELS = ("auto", "torch", "flashinfer", "fused")
 
 
 def model_kernels(name: str, backend: str, device_type: str) -> str:
-    """Kernels of the model's elementwise work: ``torch`` (HF's op order and rounding) or
-    ``flashinfer`` (fused norm, RoPE, SiLU-and-mul); ``auto`` takes FlashInfer's with FlashInfer
-    attention on CUDA."""
+    """Kernels of the model's elementwise work (see DecoderLM): ``torch`` (HF's op order and
+    rounding), ``flashinfer`` (fused norm, RoPE, SiLU-and-mul) or ``fused`` (those, one QKV GEMM and
+    Triton's q/k norm + RoPE); ``auto`` takes ``fused`` with FlashInfer attention on CUDA (
+    ``flashinfer`` where Triton is missing), ``torch`` otherwise."""
     if name not in MODEL_KERNELS:
         raise ValueError(f"unknown model kernels {name!r}; expected one of {', '.join(MODEL_KERNELS)}")
     if name == "auto":
-        return "flashinfer" if backend == "flashinfer" and device_type == "cuda" else "torch"
+        if backend != "flashinfer" or device_type != "cuda":
+            return "torch"
+        return "fused" if importlib.util.find_spec("triton") is not None else "flashinfer"
     return name
 
 

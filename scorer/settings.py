@@ -62,8 +62,9 @@ class Settings:
     )
     model_kernels: str = setting(
         "auto",
-        "norm, RoPE and SiLU-and-mul: flashinfer (fused, fp32 inside), torch (HF's op order), or auto"
-        " (flashinfer with FlashInfer attention on CUDA)",
+        "norm, RoPE and SiLU-and-mul: flashinfer (fused, fp32 inside), fused (flashinfer plus one QKV"
+        " GEMM and Triton's q/k norm + RoPE kernel), torch (HF's op order), or auto (fused with"
+        " FlashInfer attention on CUDA)",
         choices=MODEL_KERNELS,
         scopes=EVERY,
     )

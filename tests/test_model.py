@@ -249,10 +249,14 @@ def test_graph_buckets_cover_every_count_with_bounded_padding(max_tokens: int) -
         assert fit - n < max(16, n // 8 + 16)
 
 
+@pytest.mark.parametrize("kernels", ["flashinfer", "fused"])
 @pytest.mark.parametrize("case", ["qwen3-tied", "llama3-rope", "llama-attention-bias"])
-def test_fused_kernel_wiring_matches_the_eager_model(case: str, tmp_path: Path, monkeypatch) -> None:
+def test_fused_kernel_wiring_matches_the_eager_model(
+    case: str, kernels: str, tmp_path: Path, monkeypatch
+) -> None:
     """The model built with kernels="flashinfer" (merged gate/up, in-place residual add, RoPE cache
-    layout), eagerly and through the graph segments, against the torch-kernel model; FlashInfer
+    layout) or "fused" (also one QKV GEMM into the q/k norm + RoPE kernel, here its torch
+    statement), eagerly and through the graph segments, against the torch-kernel model; FlashInfer
     swapped for TorchFused."""
     from scorer.models import fused
     from scorer.models.graphs import GraphedDecoder
@@ -263,7 +267,11 @@ def test_fused_kernel_wiring_matches_the_eager_model(case: str, tmp_path: Path, 
     input_ids = torch.randint(0, VOCAB, (SEQ_LEN,), generator=torch.Generator().manual_seed(2))
     positions = torch.arange(100, 100 + SEQ_LEN)
     expected = ours_logits(load_model(model_dir, dtype=torch.float32)[0], input_ids, positions)
-    model = load_model(model_dir, dtype=torch.float32, kernels="flashinfer")[0]
+    model = load_model(model_dir, dtype=torch.float32, kernels=kernels)[0]
+    attn0 = model.model.layers[0].self_attn
+    assert (attn0.qkv_proj is not None) == (kernels == "fused")
+    if attn0.qkv_proj is not None:
+        assert attn0.v_proj.weight.data_ptr() > attn0.q_proj.weight.data_ptr() == attn0.qkv_proj[0].data_ptr()
     assert model.fused and model.model.layers[0].mlp.gate_proj.weight.data_ptr() == (
         model.model.layers[0].mlp.gate_up[0].data_ptr()
     )

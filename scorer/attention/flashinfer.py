@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..devices import to_device
 from ..planning import Pass
 from ..planning.base import MAX_ITEM_LEN, AttentionCall, PlanError
 from .base import HeadSpec
@@ -165,10 +166,10 @@ class FlashInferBackend:
             if int(m.max_item_len.max()) > MAX_ITEM_LEN:
                 raise PlanError(f"an item over {MAX_ITEM_LEN} tokens cannot run multi-item scoring")
             kw = dict(
-                prefix_len_ptr=m.prefix_len.to(torch.int32).view(torch.uint32).to(dev, non_blocking=True),
-                token_pos_in_items_ptr=m.token_pos_in_items.to(torch.uint16).to(dev, non_blocking=True),
+                prefix_len_ptr=to_device(m.prefix_len.to(torch.int32).view(torch.uint32), dev),
+                token_pos_in_items_ptr=to_device(m.token_pos_in_items.to(torch.uint16), dev),
                 token_pos_in_items_len=int(m.token_pos_in_items_len),
-                max_item_len_ptr=m.max_item_len.to(torch.uint16).to(dev, non_blocking=True),
+                max_item_len_ptr=to_device(m.max_item_len.to(torch.uint16), dev),
             )
         if c.custom_mask is not None:
             kw["packed_custom_mask"] = c.custom_mask.packed
@@ -189,7 +190,7 @@ class FlashInferBackend:
             **kw,
         )
         if c.custom_mask is not None:
-            w._mask_indptr_buf = c.custom_mask.indptr.to(dev, non_blocking=True)
+            w._mask_indptr_buf = to_device(c.custom_mask.indptr, dev)
         return w
 
     def run(

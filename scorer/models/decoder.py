@@ -5,8 +5,10 @@ The attention callable gets RoPE'd (and, for Qwen3, q/k-normed) heads and applie
 scale and whatever masking it wants itself. Each layer is two halves around attention (``layer_qkv``
 and ``layer_finish``), so that a graph runner can replay everything but attention (``graphs.py``).
 The elementwise kernels are chosen when the model is built: ``kernels="torch"`` (HF's op order and
-rounding) or ``"flashinfer"`` (FlashInfer's fused norm, RoPE and SiLU-and-mul, ``fused.py``, with
-gate and up as one GEMM); ``finalize`` prepares the weights for them once they are assigned.
+rounding), ``"flashinfer"`` (FlashInfer's fused norm, RoPE and SiLU-and-mul, ``fused.py``, with
+gate and up as one GEMM) or ``"fused"`` (those, and q/k/v as one GEMM whose output one Triton
+kernel turns into attention's inputs: per-head q/k norm, RoPE and the v copy, ``triton_ops.py``);
+``finalize`` prepares the weights for them once they are assigned.
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from scorer.config import ModelConfig
-from scorer.models import fused
+from scorer.models import fused, triton_ops
 from scorer.models.rope import Rope, RotaryEmbedding
 
-MODEL_KERNELS = ("torch", "flashinfer")
+MODEL_KERNELS = ("torch", "flashinfer", "fused")
 
 AttnFn = Callable[..., torch.Tensor]
 """attn(layer_idx, q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D], out=None) -> out [T, Hq, D]."""
@@ -45,10 +47,15 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, layer_idx: int, fused: bool = False) -> None:
+    def __init__(
+        self, config: ModelConfig, layer_idx: int, fused: bool = False, one_gemm: bool = False
+    ) -> None:
         super().__init__()
         self.layer_idx = layer_idx
         self.head_dim = config.head_dim
+        self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
+        self.one_gemm = one_gemm  # q/k/v as one GEMM and the Triton kernel (after merge_qkv)
+        self.qkv_proj: tuple[torch.Tensor, torch.Tensor | None] | None = None
         hidden, bias = config.hidden_size, config.attention_bias
         q_size, kv_size = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
         self.q_proj = nn.Linear(hidden, q_size, bias=bias)
@@ -60,9 +67,28 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, fused)
             self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, fused)
 
+    def merge_qkv(self) -> None:
+        """One GEMM for q, k and v: their weights become views of one tensor."""
+        self.qkv_proj = _merge(self.q_proj, self.k_proj, self.v_proj)
+
     def qkv(self, x: torch.Tensor, rope: Rope, out: QKV | None = None) -> QKV:
         """RoPE'd (and q/k-normed) heads of x [T, hidden]; written into ``out`` when given."""
         T = x.shape[0]
+        if self.qkv_proj is not None:
+            qo, ko, vo = out or (
+                x.new_empty(T, self.num_heads, self.head_dim),
+                x.new_empty(T, self.num_kv_heads, self.head_dim),
+                x.new_empty(T, self.num_kv_heads, self.head_dim),
+            )
+            norms = (
+                (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
+                if self.qk_norm
+                else (None, None, 0.0)
+            )
+            return triton_ops.qk_norm_rope(
+                F.linear(x, *self.qkv_proj), *norms, rope.positions, rope.cache,
+                self.num_heads, self.num_kv_heads, self.head_dim, qo, ko, vo,
+            )  # fmt: skip
         q = self.q_proj(x).view(T, -1, self.head_dim)
         k = self.k_proj(x).view(T, -1, self.head_dim)
         v = self.v_proj(x).view(T, -1, self.head_dim)
@@ -93,24 +119,15 @@ class MLP(nn.Module):
 
     def merge_gate_up(self) -> None:
         """One GEMM for gate and up: their weights become views of one tensor."""
-        inter = self.gate_proj.out_features
-        merged = []
-        for name in ("weight", "bias"):
-            g, u = getattr(self.gate_proj, name), getattr(self.up_proj, name)
-            if g is None:
-                merged.append(None)
-                continue
-            both = torch.cat((g, u))
-            setattr(self.gate_proj, name, nn.Parameter(both[:inter], requires_grad=False))
-            setattr(self.up_proj, name, nn.Parameter(both[inter:], requires_grad=False))
-            merged.append(both)
-        self.gate_up = (merged[0], merged[1])
+        self.gate_up = _merge(self.gate_proj, self.up_proj)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer_idx: int, fused: bool = False) -> None:
+    def __init__(
+        self, config: ModelConfig, layer_idx: int, fused: bool = False, one_gemm: bool = False
+    ) -> None:
         super().__init__()
-        self.self_attn = Attention(config, layer_idx, fused)
+        self.self_attn = Attention(config, layer_idx, fused, one_gemm)
         self.mlp = MLP(config, fused)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, fused)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, fused)
@@ -139,18 +156,21 @@ class DecoderLayer(nn.Module):
 
 
 class Backbone(nn.Module):
-    def __init__(self, config: ModelConfig, fused: bool = False) -> None:
+    def __init__(self, config: ModelConfig, fused: bool = False, one_gemm: bool = False) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, i, fused) for i in range(config.num_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, i, fused, one_gemm) for i in range(config.num_layers)
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, fused)
         self.rotary_emb = RotaryEmbedding(config)
 
 
 class DecoderLM(nn.Module):
-    """``kernels``: the elementwise kernels, ``torch`` or ``flashinfer`` (CUDA, fp16/bf16: RMSNorm
+    """``kernels``: the elementwise kernels, ``torch``, ``flashinfer`` (CUDA, fp16/bf16: RMSNorm
     with the post-attention residual add, RoPE from an fp32 cos|sin cache, SiLU-and-mul, and gate/up
-    as one GEMM). Call ``finalize`` once the weights are assigned."""
+    as one GEMM) or ``fused`` (``flashinfer``, with q/k/v as one GEMM and Triton's q/k norm + RoPE
+    kernel). Call ``finalize`` once the weights are assigned."""
 
     def __init__(self, config: ModelConfig, kernels: str = "torch") -> None:
         super().__init__()
@@ -158,13 +178,14 @@ class DecoderLM(nn.Module):
             raise ValueError(f"unknown model kernels {kernels!r}; expected one of {', '.join(MODEL_KERNELS)}")
         self.config = config
         self.kernels = kernels
-        self.model = Backbone(config, self.fused)
+        self.model = Backbone(config, self.fused, one_gemm=kernels == "fused")
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
 
     @property
     def fused(self) -> bool:
-        return self.kernels == "flashinfer"
+        """FlashInfer's norms, RoPE cache and SiLU-and-mul (``flashinfer`` and ``fused``)."""
+        return self.kernels != "torch"
 
     @property
     def num_layers(self) -> int:
@@ -182,6 +203,8 @@ class DecoderLM(nn.Module):
         if self.fused:
             for layer in self.model.layers:
                 layer.mlp.merge_gate_up()
+                if layer.self_attn.one_gemm:
+                    layer.self_attn.merge_qkv()
             self.model.rotary_emb.use_fused(self.lm_head.weight.device)
         return self
 
@@ -218,3 +241,21 @@ class DecoderLM(nn.Module):
     def score_logits(self, hidden_rows: torch.Tensor) -> torch.Tensor:
         """Final norm and lm_head on the given rows [R, hidden] only -> fp32 logits [R, vocab]."""
         return self.lm_head(self.model.norm(hidden_rows)).float()
+
+
+def _merge(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One weight (and bias) for several Linear layers of the same input, concatenated by output;
+    each layer's parameters become views of it (so a state dict still reads as HF's)."""
+    merged = []
+    for name in ("weight", "bias"):
+        parts = [getattr(lin, name) for lin in linears]
+        if parts[0] is None:
+            merged.append(None)
+            continue
+        both = torch.cat(parts)
+        at = 0
+        for lin, part in zip(linears, parts, strict=True):
+            setattr(lin, name, nn.Parameter(both[at : at + len(part)], requires_grad=False))
+            at += len(part)
+        merged.append(both)
+    return merged[0], merged[1]

@@ -168,3 +168,24 @@ def test_engine_launch_runs_without_host_sync(gpu_engine, scheme):
     assert len(got) == len(expected)
     for g, e in zip(got, expected, strict=True):
         assert g == pytest.approx(e, abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    "scheme", ["ragged", "split_cache", "multi_item", "cascade", "grouped", "custom_mask"]
+)
+def test_launch_does_not_wait_for_the_work_queued_before_it(gpu_engine, scheme):
+    """With the device busy (a 1 s spin kernel queued), launching a batch returns at once: no copy
+    to the device waits for the stream (a pageable-memory copy would), so the server plans and
+    queues the next batch while the device still runs the last."""
+    import time
+
+    batch = [gpu_engine.tokenize(q) for q in requests(scheme, seed=8, n=2)]
+    expected = [[d.score for d in r.results] for r in gpu_engine.score_batch(batch)]
+    torch.cuda.synchronize()
+    torch.cuda._sleep(2_000_000_000)  # about 1 s of device time
+    t0 = time.perf_counter()
+    collect = gpu_engine.launch(batch)
+    took = time.perf_counter() - t0
+    got = [[d.score for d in r.results] for r in collect()]
+    assert took < 0.25, f"{scheme}: launch took {took:.3f} s behind a busy device"
+    assert got == [pytest.approx(e, abs=1e-5) for e in expected]

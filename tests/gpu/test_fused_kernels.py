@@ -94,8 +94,9 @@ def test_rope_matches_hf_tables(dtype, checkpoint):
         close(got[1], want[1])
 
 
+@pytest.mark.parametrize("kernels", ["flashinfer", "fused"])
 @torch.inference_mode()
-def test_fused_model_matches_hf_op_order(checkpoint):
+def test_fused_model_matches_hf_op_order(checkpoint, kernels):
     config = ModelConfig.from_hf(checkpoint)
     torch.manual_seed(0)
     with torch.device("cuda"):
@@ -114,7 +115,7 @@ def test_fused_model_matches_hf_op_order(checkpoint):
 
     want = model.score_logits(model.forward_hidden(ids, pos, attn))
     with torch.device("cuda"):
-        fused_model = DecoderLM(config, kernels="flashinfer").to(torch.bfloat16)
+        fused_model = DecoderLM(config, kernels=kernels).to(torch.bfloat16)
     fused_model.load_state_dict(model.state_dict())
     fused_model.eval().finalize()
     got = fused_model.score_logits(fused_model.forward_hidden(ids, pos, attn))
