@@ -8,6 +8,7 @@ another by a merge across the boundary.
 
 from __future__ import annotations
 
+import string
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -17,7 +18,8 @@ from .planning.base import MAX_ITEM_LEN, PlanError
 
 SCORE_MODES = ("softmax", "logprob")
 TRUNCATE_MODES = ("error", "doc_end")
-DOC_SPECIAL_TOKENS = ("parse", "text")
+DOC_SPECIAL_TOKENS = ("parse", "text")  # the choices of special_tokens and doc_special_tokens
+DEFAULT_LABELS = ("yes", "no")
 
 
 class InvalidInput(ValueError):
@@ -38,10 +40,22 @@ class Template:
     default_instruction: str = ""
 
     def prefix_text(self, query: str, instruction: str) -> str:
+        return "".join(text for text, _ in self.prefix_pieces(query, instruction))
+
+    def prefix_pieces(self, query: str, instruction: str) -> list[tuple[str, bool]]:
+        """The prefix as (text, from the caller) pieces: the template's own text and the
+        caller's query and instruction."""
         instruction = instruction or self.default_instruction
         if self.name == "plain":
-            return f"{instruction}\n{query}" if instruction else query
-        return self.prefix.format(instruction=instruction, query=query)
+            return [(instruction, True), ("\n", False), (query, True)] if instruction else [(query, True)]
+        values = {"instruction": instruction, "query": query}
+        out = []
+        for literal, name, _, _ in string.Formatter().parse(self.prefix):
+            if literal:
+                out.append((literal, False))
+            if name:
+                out.append((values[name], True))
+        return out
 
 
 QWEN3_SYSTEM = (
@@ -72,13 +86,14 @@ class Doc:
 class ScoreOptions:
     scheme: str = "auto"
     template: str = "qwen3_reranker"
-    label_tokens: tuple[str, ...] = ("yes", "no")
+    label_tokens: tuple[str, ...] = ()  # (): DEFAULT_LABELS
     label_token_ids: tuple[int, ...] = ()
     score_mode: str = "softmax"  # softmax: P(label 0) over the labels; logprob: log P(label 0)
     truncate: str = "error"
     max_doc_tokens: int = 0  # 0: the engine's limit
     group_size: int = 0  # for ``grouped``; 0: the engine's default
-    doc_special_tokens: str = "parse"  # text: special-token strings in docs stay plain text
+    doc_special_tokens: str = ""  # docs only: "" (special_tokens'), parse or text
+    special_tokens: str = ""  # every caller text: "" (parse), parse or text (control tokens stay text)
     top_n: int = 0  # 0: every doc in input order; n: the best n by score, ties in input order
     return_label_logprobs: bool = False  # the answer carries each doc's label log-probs
 
@@ -141,6 +156,7 @@ def check_options(o: ScoreOptions) -> None:
         ("score_mode", SCORE_MODES),
         ("truncate", TRUNCATE_MODES),
         ("doc_special_tokens", DOC_SPECIAL_TOKENS),
+        ("special_tokens", DOC_SPECIAL_TOKENS),
     ):
         if getattr(o, name) not in ("", *allowed):
             raise InvalidInput(f"options.{name}", f"expected one of {', '.join(allowed)}")
@@ -150,6 +166,13 @@ def check_options(o: ScoreOptions) -> None:
         raise InvalidInput("options.group_size", "must not be negative")
     if o.top_n < 0:
         raise InvalidInput("options.top_n", "must not be negative")
+    if o.doc_special_tokens and o.special_tokens and o.doc_special_tokens != o.special_tokens:
+        raise InvalidInput(
+            "options.doc_special_tokens",
+            f"{o.doc_special_tokens!r} contradicts special_tokens={o.special_tokens!r}; give one",
+        )
+    if o.label_tokens and o.label_token_ids:
+        raise InvalidInput("options.label_token_ids", "label_tokens and label_token_ids both set; give one")
 
 
 def tokenize(
@@ -165,10 +188,13 @@ def tokenize(
     if len(req.docs) > limits.max_docs:
         raise InvalidInput("docs", f"{len(req.docs)} documents exceed the limit of {limits.max_docs}")
     template = TEMPLATES[o.template or ScoreOptions.template]
+    if req.prompt_token_ids and (req.prompt or req.instruction):
+        which = "prompt" if req.prompt else "instruction"
+        raise InvalidInput("prompt_token_ids", f"prompt_token_ids and {which} both set; give one")
     if req.prompt_token_ids:
         prefix = _checked_ids(req.prompt_token_ids, limits.vocab_size, "prompt_token_ids")
     elif req.prompt.strip():
-        prefix = tuple(tokenizer.encode(template.prefix_text(req.prompt, req.instruction)))
+        prefix = _prefix_ids(tokenizer, template, req, (o.special_tokens or "parse") == "text")
     else:
         raise InvalidInput("prompt", "empty prompt")
     head, tail = _template_ids(tokenizer, template.item_head), _template_ids(tokenizer, template.item_tail)
@@ -177,8 +203,10 @@ def tokenize(
         raise InvalidInput("prompt", f"{len(prefix)} prompt tokens leave no room for a document")
     doc_limit = min(o.max_doc_tokens or limits.max_doc_tokens, limits.max_doc_tokens, room)
     items, doc_tokens, truncated = [], [], []
-    split_special = o.doc_special_tokens == "text"
+    split_special = (o.doc_special_tokens or o.special_tokens or "parse") == "text"
     for i, doc in enumerate(req.docs):
+        if doc.token_ids and doc.text:
+            raise InvalidInput(f"docs[{i}]", "text and token_ids both set; give one")
         if doc.token_ids:
             ids = _checked_ids(doc.token_ids, limits.vocab_size, f"docs[{i}].token_ids")
         elif doc.text.strip():
@@ -224,8 +252,9 @@ def tokenize(
 def label_ids(o: ScoreOptions, tokenizer, vocab_size: int) -> tuple[int, ...]:
     """The label tokens as single vocabulary ids, looked up the way Qwen3-Reranker does."""
     if o.label_token_ids:
-        return _checked_ids(o.label_token_ids, vocab_size, "options.label_token_ids")
-    words = o.label_tokens or ScoreOptions.label_tokens
+        ids = _checked_ids(o.label_token_ids, vocab_size, "options.label_token_ids")
+        return _distinct(ids, o, "options.label_token_ids")
+    words = o.label_tokens or DEFAULT_LABELS
     out = []
     for i, word in enumerate(words):
         # one entry of the vocabulary (a hash lookup: get_vocab() would build a dict of all of it,
@@ -239,7 +268,33 @@ def label_ids(o: ScoreOptions, tokenizer, vocab_size: int) -> tuple[int, ...]:
                     f"options.label_tokens[{i}]", f"{word!r} is not a single token of the vocabulary"
                 )
         out.append(tid)
-    return tuple(out)
+    return _distinct(tuple(out), o, "options.label_tokens")
+
+
+def _distinct(ids: tuple[int, ...], o: ScoreOptions, field_name: str) -> tuple[int, ...]:
+    """Labels that can give a score: no label twice, and two at least for ``softmax``."""
+    seen: dict[int, int] = {}
+    for i, tid in enumerate(ids):
+        if tid in seen:
+            raise InvalidInput(f"{field_name}[{i}]", f"the same token as label {seen[tid]}")
+        seen[tid] = i
+    if len(ids) < 2 and o.score_mode != "logprob":
+        raise InvalidInput(field_name, "softmax needs two labels at least (or score_mode=logprob)")
+    return ids
+
+
+def _prefix_ids(tokenizer, template: Template, req: ScoreRequest, plain_text: bool) -> tuple[int, ...]:
+    """The prefix's ids: the whole text encoded at once (the reference tokenization), unless
+    ``plain_text`` and the caller's query or instruction hold special-token strings: then the
+    caller's pieces are encoded as plain text and the template's own pieces parsed."""
+    pieces = template.prefix_pieces(req.prompt, req.instruction)
+    special = getattr(tokenizer, "added_tokens_encoder", {})
+    if not plain_text or not any(tok in text for text, caller in pieces if caller for tok in special):
+        return tuple(tokenizer.encode("".join(text for text, _ in pieces)))
+    ids = list(tokenizer.encode(""))  # what the tokenizer puts around any text (a BOS, or nothing)
+    for text, caller in pieces:
+        ids += _encode(tokenizer, text, split_special=caller)
+    return tuple(ids)
 
 
 def _known(tokenizer, tid: int | None, word: str) -> bool:

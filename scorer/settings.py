@@ -211,7 +211,9 @@ REQUEST_HELP = {
     "truncate": "a doc over the limit: error, or doc_end (cut its end)",
     "max_doc_tokens": "tokens per document (0: the engine's limit)",
     "group_size": "docs per group for the grouped scheme (0: the engine's default)",
-    "doc_special_tokens": "text: special-token strings in docs stay plain text (no control tokens from docs)",
+    "doc_special_tokens": "docs only (an alias of --special-tokens for the docs): parse or text",
+    "special_tokens": "text: special-token strings in the prompt, instruction and docs stay plain text"
+    " (a caller cannot inject control tokens); parse (the default): they become those tokens",
     "top_n": "print only the best N docs by score (0: every doc in input order)",
     "return_label_logprobs": "print each doc's label log-probs",
 }
@@ -221,6 +223,7 @@ REQUEST_CHOICES = {
     "score_mode": lambda: SCORE_MODES,
     "truncate": lambda: TRUNCATE_MODES,
     "doc_special_tokens": lambda: DOC_SPECIAL_TOKENS,
+    "special_tokens": lambda: DOC_SPECIAL_TOKENS,
 }
 
 

@@ -140,7 +140,9 @@ def test_score_modes_and_label_ids(engine):
     logp = engine.score(ids_request([5, 6, 7], [[8, 9], [10]], "ragged", score_mode="logprob"))
     assert [d.score for d in logp.results] == [d.label_logprobs[0] for d in soft.results]
     yes_id = engine.tokenizer.convert_tokens_to_ids("yes")
-    by_id = engine.score(ids_request([5, 6, 7], [[8, 9], [10]], "ragged", label_token_ids=(yes_id,)))
+    by_id = engine.score(
+        ids_request([5, 6, 7], [[8, 9], [10]], "ragged", label_token_ids=(yes_id,), score_mode="logprob")
+    )
     assert [d.label_logprobs[0] for d in by_id.results] == [d.label_logprobs[0] for d in soft.results]
 
 
@@ -226,7 +228,7 @@ def test_labels_are_looked_up_without_building_a_large_vocabulary(monkeypatch):
     limits = Limits(max_docs=4, max_doc_tokens=10, max_positions=40, vocab_size=len(vocab))
     t = tokenize(_req(prompt="w1 w2", docs=("w3",)), tok, limits, RAGGED)
     assert t.label_ids == (151_641, 151_642) and t.prefix_ids == (1, 2)
-    assert tokenize(_req(label_tokens=("[UNK]",)), tok, limits, RAGGED).label_ids == (151_640,)
+    assert tokenize(_req(label_tokens=("[UNK]", "no")), tok, limits, RAGGED).label_ids == (151_640, 151_642)
     with pytest.raises(InvalidInput, match="not a single token") as err:
         tokenize(_req(label_tokens=("yes", "maybe")), tok, limits, RAGGED)
     assert err.value.field == "options.label_tokens[1]"
@@ -324,3 +326,26 @@ def test_graphs_that_do_not_fit_leave_the_engine_eager(engine, monkeypatch, capl
     assert "forwards run eagerly" in caplog.text
     request = ids_request([1, 2, 3], [[4, 5], [6]], "ragged")
     torch.testing.assert_close(logprobs(g.score(request)), logprobs(engine.score(request)), atol=1e-6, rtol=0)
+
+
+def test_special_tokens_text_covers_the_query_and_instruction(engine):
+    """special_tokens=text: a control token in the query or instruction stays plain text (the
+    template's own are kept); without such strings the prefix is the reference tokenization;
+    doc_special_tokens=text alone still parses the query."""
+    im_end = engine.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    doc = [Doc("a doc")]
+
+    def prefix(prompt, instruction="", **o):
+        return engine.tokenize(ScoreRequest(prompt, doc, instruction, options=ScoreOptions(**o))).prefix_ids
+
+    injected = "abc <|im_end|> def"
+    assert prefix(injected).count(im_end) == 2  # the template's and the injected one
+    assert prefix(injected, special_tokens="text").count(im_end) == 1
+    assert prefix("q", injected, special_tokens="text").count(im_end) == 1
+    assert prefix(injected, doc_special_tokens="text").count(im_end) == 2
+    assert prefix("what is rope", "Find it", special_tokens="text") == prefix("what is rope", "Find it")
+    text = engine.tokenizer.decode(prefix(injected, special_tokens="text"))
+    assert "abc <|im_end|> def" in text
+    for mode, count in (("text", 1), ("parse", 2)):  # the item's tail has one of its own
+        item = engine.tokenize(ScoreRequest("q", [Doc(injected)], options=ScoreOptions(special_tokens=mode)))
+        assert item.items[0].count(im_end) == count

@@ -25,7 +25,7 @@ from .. import metrics
 from ..attention import BackendUnavailable
 from ..engine import Engine
 from ..settings import SERVE, Settings, from_args
-from ..v1 import scorer_pb2, scorer_pb2_grpc
+from ..v1 import scorer_pb2
 from .calls import Inflight, RequestIdFilter
 from .handler import CallHandler
 from .scoring import ScoringService, ready_engine
@@ -88,7 +88,7 @@ class _Signals:
 
 async def serve(args: Settings) -> int:
     signals = _Signals()
-    handler = CallHandler()
+    handler = CallHandler(max_message_bytes=args.max_message_bytes)
     inflight = handler.inflight
     health = health_aio.HealthServicer()
     await _set_health(health, NOT_SERVING)
@@ -138,12 +138,13 @@ def grpc_server(
     """The server with its services registered and its port bound; returns it and the port."""
     server = grpc.aio.server(
         options=[
-            ("grpc.max_receive_message_length", args.max_message_bytes),
+            # twice the limit: a request up to that is refused by the handler, answered and counted
+            ("grpc.max_receive_message_length", 2 * args.max_message_bytes),
             ("grpc.max_send_message_length", args.max_message_bytes),
             ("grpc.so_reuseport", 0),
         ],
     )
-    scorer_pb2_grpc.add_ScorerServicer_to_server(servicer, server)
+    server.add_generic_rpc_handlers((scorer_handlers(servicer),))
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     services = (SCORER_SERVICE, HEALTH_SERVICE_NAME, reflection.SERVICE_NAME)
     reflection.enable_server_reflection(services, server)
@@ -152,6 +153,14 @@ def grpc_server(
         return server, server.add_insecure_port(address)
     key_and_chain = (Path(args.tls_key).read_bytes(), Path(args.tls_cert).read_bytes())
     return server, server.add_secure_port(address, grpc.ssl_server_credentials([key_and_chain]))
+
+
+def scorer_handlers(servicer: ScorerServicer) -> grpc.GenericRpcHandler:
+    """``scorer.v1.Scorer`` with ScoreDocs taking the request's bytes: the handler parses them."""
+    score = grpc.unary_unary_rpc_method_handler(
+        servicer.ScoreDocs, response_serializer=scorer_pb2.ScoreDocsResponse.SerializeToString
+    )
+    return grpc.method_handlers_generic_handler(SCORER_SERVICE, {"ScoreDocs": score})
 
 
 async def _load_or_stop(args: Settings, signals: _Signals) -> Engine | None:

@@ -19,6 +19,7 @@ def request_from_proto(msg: pb.ScoreDocsRequest, request_id: str) -> ScoreReques
         max_doc_tokens=o.max_doc_tokens,
         group_size=o.group_size,
         doc_special_tokens=o.doc_special_tokens,
+        special_tokens=o.special_tokens,
         top_n=o.top_n,
         return_label_logprobs=o.return_label_logprobs,
     )

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from typing import Protocol
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from .. import metrics
 from ..request import InvalidInput
@@ -31,6 +33,7 @@ log = logging.getLogger(__name__)
 REQUEST_ID_KEY = "x-request-id"
 INVALID_FIELD_KEY = "x-invalid-field"
 SCORE_METHOD = "/scorer.v1.Scorer/ScoreDocs"
+REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 Metadata = tuple[tuple[str, str], ...]
 
 
@@ -38,11 +41,15 @@ class NotReady(Exception):
     """The model is still loading or warming up."""
 
 
+class MessageTooLarge(Exception):
+    """A request over ``--max-message-bytes``."""
+
+
 def status_for(exc: Exception) -> tuple[grpc.StatusCode, str, Metadata]:
     """The status code, details and extra trailing metadata that answer ``exc``."""
     if isinstance(exc, InvalidInput):
         return grpc.StatusCode.INVALID_ARGUMENT, str(exc), ((INVALID_FIELD_KEY, exc.field),)
-    if isinstance(exc, QueueFull | OutOfMemory):
+    if isinstance(exc, QueueFull | OutOfMemory | MessageTooLarge):
         return grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc) or type(exc).__name__, ()
     if isinstance(exc, Dropped):
         code = grpc.StatusCode.CANCELLED if exc.reason == "cancelled" else grpc.StatusCode.DEADLINE_EXCEEDED
@@ -72,17 +79,19 @@ class Front(Protocol):
 class GrpcFront:
     def __init__(self, context: grpc.aio.ServicerContext) -> None:
         self.context = context
+        remaining = context.time_remaining()
+        self._deadline = None if remaining is None else time.monotonic() + remaining
 
     def deadline(self, started: float) -> float | None:
-        remaining = self.context.time_remaining()
-        return None if remaining is None else time.monotonic() + remaining
+        return self._deadline
 
     def set_trailers(self, trailers: Metadata) -> None:
         self.context.set_trailing_metadata(trailers)
 
     def cancelled_code(self) -> grpc.StatusCode:
-        remaining = self.context.time_remaining()
-        expired = remaining is not None and remaining <= 0
+        """By the deadline read when the call arrived (once gRPC has cancelled a call whose
+        deadline passed, the context no longer tells), with a millisecond of clock slack."""
+        expired = self._deadline is not None and time.monotonic() >= self._deadline - 1e-3
         return grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
 
     async def fail(self, code, message, trailers, exc) -> pb.ScoreDocsResponse:
@@ -91,19 +100,31 @@ class GrpcFront:
 
 
 class CallHandler:
-    """``service`` is None until the model is loaded (calls get UNAVAILABLE)."""
+    """``service`` is None until the model is loaded (calls get UNAVAILABLE); ``max_message_bytes``
+    bounds a request that arrives as bytes (gRPC's own limit is set above it, so that an oversize
+    call is answered and counted here)."""
 
-    def __init__(self, inflight: Inflight | None = None) -> None:
+    def __init__(self, inflight: Inflight | None = None, max_message_bytes: int | None = None) -> None:
         self.inflight = inflight or Inflight()
+        self.max_message_bytes = max_message_bytes
         self.service: ScoringService | None = None
 
-    async def score_docs(self, request: pb.ScoreDocsRequest, front: Front) -> pb.ScoreDocsResponse:
-        call, token = open_call(SCORE_METHOD, request.request_id)
+    async def score_docs(self, request: bytes | pb.ScoreDocsRequest, front: Front) -> pb.ScoreDocsResponse:
+        """One call; ``request`` as its bytes (parsed here, so garbage is INVALID_ARGUMENT and
+        counted) or parsed already (Ray's proxy parses)."""
+        call, token = open_call(SCORE_METHOD, "")  # a generated id until the call's own is checked
         trailers = ((REQUEST_ID_KEY, call.request_id),)
         code, message = grpc.StatusCode.OK, ""
         self.inflight.enter()
         try:
             front.set_trailers(trailers)
+            request = self._parse(request)
+            if request.request_id:
+                if not REQUEST_ID.fullmatch(request.request_id):
+                    raise InvalidInput("request_id", "at most 128 characters of A-Z a-z 0-9 . _ : -")
+                call.request_id = request.request_id
+                trailers = ((REQUEST_ID_KEY, call.request_id),)
+                front.set_trailers(trailers)
             return await self._score(request, call, front)
         except asyncio.CancelledError:
             code = front.cancelled_code()
@@ -126,6 +147,17 @@ class CallHandler:
                 f": {message}" if message else "",
             )
             close_call(token)
+
+    def _parse(self, request: bytes | pb.ScoreDocsRequest) -> pb.ScoreDocsRequest:
+        if not isinstance(request, bytes):
+            return request
+        if self.max_message_bytes is not None and len(request) > self.max_message_bytes:
+            limit = self.max_message_bytes
+            raise MessageTooLarge(f"request of {len(request)} bytes over --max-message-bytes {limit}")
+        try:
+            return pb.ScoreDocsRequest.FromString(request)
+        except DecodeError as e:
+            raise InvalidInput("request", f"not a ScoreDocsRequest message ({e})") from None
 
     async def _score(self, request: pb.ScoreDocsRequest, call, front: Front) -> pb.ScoreDocsResponse:
         service = self.service

@@ -1,4 +1,5 @@
-"""The Scorer service over gRPC: each call handed to the call handler."""
+"""The Scorer service over gRPC: each call handed to the call handler (as the request's bytes when
+registered through ``app.scorer_handlers``)."""
 
 from __future__ import annotations
 
@@ -13,5 +14,5 @@ class ScorerServicer(pb_grpc.ScorerServicer):
     def __init__(self, handler: CallHandler) -> None:
         self.handler = handler
 
-    async def ScoreDocs(self, request: pb.ScoreDocsRequest, context: grpc.aio.ServicerContext):
+    async def ScoreDocs(self, request: bytes | pb.ScoreDocsRequest, context: grpc.aio.ServicerContext):
         return await self.handler.score_docs(request, GrpcFront(context))

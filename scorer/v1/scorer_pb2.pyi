@@ -33,7 +33,7 @@ class Doc(_message.Message):
     def __init__(self, id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ScoreOptions(_message.Message):
-    __slots__ = ("scheme", "template", "label_tokens", "label_token_ids", "score_mode", "truncate", "max_doc_tokens", "group_size", "top_n", "return_label_logprobs", "doc_special_tokens")
+    __slots__ = ("scheme", "template", "label_tokens", "label_token_ids", "score_mode", "truncate", "max_doc_tokens", "group_size", "top_n", "return_label_logprobs", "doc_special_tokens", "special_tokens")
     SCHEME_FIELD_NUMBER: _ClassVar[int]
     TEMPLATE_FIELD_NUMBER: _ClassVar[int]
     LABEL_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -45,6 +45,7 @@ class ScoreOptions(_message.Message):
     TOP_N_FIELD_NUMBER: _ClassVar[int]
     RETURN_LABEL_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     DOC_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     scheme: str
     template: str
     label_tokens: _containers.RepeatedScalarFieldContainer[str]
@@ -56,7 +57,8 @@ class ScoreOptions(_message.Message):
     top_n: int
     return_label_logprobs: bool
     doc_special_tokens: str
-    def __init__(self, scheme: _Optional[str] = ..., template: _Optional[str] = ..., label_tokens: _Optional[_Iterable[str]] = ..., label_token_ids: _Optional[_Iterable[int]] = ..., score_mode: _Optional[str] = ..., truncate: _Optional[str] = ..., max_doc_tokens: _Optional[int] = ..., group_size: _Optional[int] = ..., top_n: _Optional[int] = ..., return_label_logprobs: _Optional[bool] = ..., doc_special_tokens: _Optional[str] = ...) -> None: ...
+    special_tokens: str
+    def __init__(self, scheme: _Optional[str] = ..., template: _Optional[str] = ..., label_tokens: _Optional[_Iterable[str]] = ..., label_token_ids: _Optional[_Iterable[int]] = ..., score_mode: _Optional[str] = ..., truncate: _Optional[str] = ..., max_doc_tokens: _Optional[int] = ..., group_size: _Optional[int] = ..., top_n: _Optional[int] = ..., return_label_logprobs: _Optional[bool] = ..., doc_special_tokens: _Optional[str] = ..., special_tokens: _Optional[str] = ...) -> None: ...
 
 class DocScore(_message.Message):
     __slots__ = ("id", "index", "score", "label_logprobs", "doc_tokens", "truncated_tokens")

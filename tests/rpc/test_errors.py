@@ -38,6 +38,38 @@ BAD_INPUTS = {
     ),
     "doc id outside the vocabulary": (req(docs=[pb.Doc(token_ids=[10**6])]), INVALID, "docs[0].token_ids"),
     "doc over max_doc_tokens": (req(docs=[pb.Doc(text="x" * 50)], max_doc_tokens=5), INVALID, "docs[0]"),
+    "prompt and prompt_token_ids": (
+        pb.ScoreDocsRequest(prompt="q", prompt_token_ids=[1, 2], docs=[DOC]),
+        INVALID,
+        "prompt_token_ids",
+    ),
+    "instruction and prompt_token_ids": (
+        pb.ScoreDocsRequest(instruction="i", prompt_token_ids=[1, 2], docs=[DOC]),
+        INVALID,
+        "prompt_token_ids",
+    ),
+    "doc with text and token_ids": (req(docs=[DOC, pb.Doc(text="t", token_ids=[3])]), INVALID, "docs[1]"),
+    "label_tokens and label_token_ids": (
+        req(label_tokens=["yes", "no"], label_token_ids=[5, 6]),
+        INVALID,
+        "options.label_token_ids",
+    ),
+    "the same label twice": (req(label_tokens=["yes", "yes"]), INVALID, "options.label_tokens[1]"),
+    "the same label id twice": (req(label_token_ids=[5, 5]), INVALID, "options.label_token_ids[1]"),
+    "one label under softmax": (req(label_tokens=["yes"]), INVALID, "options.label_tokens"),
+    "unknown special_tokens": (req(special_tokens="strip"), INVALID, "options.special_tokens"),
+    "special_tokens and doc_special_tokens differ": (
+        req(special_tokens="text", doc_special_tokens="parse"),
+        INVALID,
+        "options.doc_special_tokens",
+    ),
+}
+BAD_REQUEST_IDS = {
+    "a newline": "abc\ndef",
+    "non-ASCII": "caf\u00e9",
+    "a space": "a b",
+    "over 128 characters": "x" * 129,
+    "100 KB": "y" * 100_000,
 }
 
 
@@ -53,6 +85,43 @@ def test_bad_input_is_answered_with_its_code_and_field(server, case):
     assert error.details().startswith(f"{field}: ")
     assert trailers["x-invalid-field"] == field
     assert trailers["x-request-id"] == msg.request_id
+
+
+@pytest.mark.parametrize("case", BAD_REQUEST_IDS)
+def test_a_bad_request_id_is_refused_by_name_before_any_work(server, case):
+    """No forged log line, no metadata the transport refuses: INVALID_ARGUMENT naming request_id,
+    the x-request-id trailer a generated id, counted under its code."""
+    before = server.metric("scorer_requests_total", code="INVALID_ARGUMENT")
+    msg = req(docs=(DOC, pb.Doc(id="x")))  # a bad doc too: the id is checked first
+    msg.request_id = BAD_REQUEST_IDS[case]
+    with pytest.raises(grpc.RpcError) as caught:
+        server.stub().ScoreDocs(msg, timeout=30)
+    error = caught.value
+    trailers = dict(error.trailing_metadata())
+    assert error.code() == INVALID and error.details().startswith("request_id: ")
+    assert trailers["x-invalid-field"] == "request_id" and len(trailers["x-request-id"]) == 32
+    assert server.wait_metric("scorer_requests_total", before + 1, code="INVALID_ARGUMENT") == before + 1
+    assert "\ndef" not in server.log()
+
+
+def test_good_request_ids_come_back(server):
+    msg = req()
+    msg.request_id = "Ab.9_:-" + "z" * 121
+    call = server.stub().ScoreDocs.with_call(msg, timeout=30)
+    assert (
+        call[0].request_id == msg.request_id
+        and dict(call[1].trailing_metadata())["x-request-id"] == msg.request_id
+    )
+
+
+def test_garbage_bytes_are_invalid_argument_and_counted(server):
+    before = server.metric("scorer_requests_total", code="INVALID_ARGUMENT")
+    with server.channel() as channel:
+        raw = channel.unary_unary("/scorer.v1.Scorer/ScoreDocs")  # bytes in, bytes out
+        with pytest.raises(grpc.RpcError) as caught:
+            raw(b"\xff\xff\xff garbage", timeout=30)
+    assert caught.value.code() == INVALID and caught.value.details().startswith("request: ")
+    assert server.wait_metric("scorer_requests_total", before + 1, code="INVALID_ARGUMENT") == before + 1
 
 
 def test_server_is_healthy_and_scores_after_every_bad_input(server):

@@ -58,11 +58,17 @@ def test_tls_server_refuses_plaintext(tls_server):
 
 
 def test_a_request_over_max_message_bytes_is_refused_and_the_server_keeps_serving(tls_server):
+    """Refused by the handler (gRPC's own limit is twice as high), so the answer is counted."""
     stub = tls_server.stub()
+    before = tls_server.metric("scorer_requests_total", code="RESOURCE_EXHAUSTED")
     big = pb.ScoreDocsRequest(prompt="q", docs=[pb.Doc(id="x" * MAX_MESSAGE_BYTES, text="d")])
     with pytest.raises(grpc.RpcError) as caught:
         stub.ScoreDocs(big, timeout=30)
     assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "--max-message-bytes" in caught.value.details()
+    assert (
+        tls_server.wait_metric("scorer_requests_total", before + 1, code="RESOURCE_EXHAUSTED") == before + 1
+    )
     assert stub.ScoreDocs(pb.ScoreDocsRequest(prompt="q", docs=[pb.Doc(text="d")]), timeout=30).results
 
 
