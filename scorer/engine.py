@@ -38,6 +38,8 @@ class EngineConfig:
     max_custom_mask_tokens: int = 32768
     max_tokens_per_pass: int = 0  # 0: no limit; a larger request is split, reusing its prompt's K/V
     auto_policy: str = "default"  # see planning.choose.auto_policy
+    max_doc_bytes: int = 1 << 20
+    max_request_bytes: int = 16 << 20
 
 
 class Engine:
@@ -54,6 +56,8 @@ class Engine:
             max_doc_tokens=self.config.max_doc_tokens,
             max_positions=mc.max_position_embeddings,
             vocab_size=mc.vocab_size,
+            max_doc_bytes=self.config.max_doc_bytes,
+            max_request_bytes=self.config.max_request_bytes,
         )
         policy = auto_policy(self.config.auto_policy, runner.backend.name, runner.device.type)
         self.auto = lru_cache(maxsize=4096)(policy)
@@ -62,10 +66,17 @@ class Engine:
     def device(self) -> torch.device:
         return self.runner.device
 
-    def tokenize(self, req: ScoreRequest) -> Job:
+    def tokenize(self, req: ScoreRequest, cancelled: Callable[[], bool] | None = None) -> Job:
+        """``req`` as a Job (see request.tokenize); ``cancelled`` stops it between docs."""
         c = self.config
         return tokenize(
-            req, self.tokenizer, self.limits, self.resolve, c.max_tokens_per_pass, c.max_custom_mask_tokens
+            req,
+            self.tokenizer,
+            self.limits,
+            self.resolve,
+            c.max_tokens_per_pass,
+            c.max_custom_mask_tokens,
+            cancelled,
         )
 
     def resolve(self, shape: Shape, options: ScoreOptions) -> tuple[Scheme, int]:

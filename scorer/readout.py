@@ -20,6 +20,7 @@ class DocScore:
     label_logprobs: tuple[float, ...]
     doc_tokens: int
     truncated_tokens: int
+    truncated_chars: int = 0
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ def result(job: Job, logprobs: Sequence[tuple[float, ...]]) -> ScoreResult:
             lps,
             job.doc_tokens[i],
             job.truncated[i],
+            job.truncated_chars[i] if job.truncated_chars else 0,
         )
         for i, lps in enumerate(logprobs)
     ]

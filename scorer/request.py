@@ -114,6 +114,8 @@ class Limits:
     max_doc_tokens: int
     max_positions: int
     vocab_size: int
+    max_doc_bytes: int = 1 << 20  # UTF-8 bytes of one doc's text
+    max_request_bytes: int = 16 << 20  # of the prompt, instruction and every doc's text
 
 
 @dataclass(frozen=True, eq=False)
@@ -133,6 +135,7 @@ class Job:
     scheme: Scheme
     group_size: int
     tokens: int
+    truncated_chars: tuple[int, ...] = ()  # characters cut from each doc's end before tokenizing
 
     @property
     def options(self) -> ScoreOptions:
@@ -175,18 +178,31 @@ def check_options(o: ScoreOptions) -> None:
         raise InvalidInput("options.label_token_ids", "label_tokens and label_token_ids both set; give one")
 
 
+class Cancelled(Exception):
+    """The call's client has gone: tokenizing stopped."""
+
+
 def tokenize(
-    req: ScoreRequest, tokenizer, limits: Limits, resolve: Resolve, budget: int = 0, mask_cap: int = 0
+    req: ScoreRequest,
+    tokenizer,
+    limits: Limits,
+    resolve: Resolve,
+    budget: int = 0,
+    mask_cap: int = 0,
+    cancelled: Callable[[], bool] | None = None,
 ) -> Job:
     """Validate ``req``, turn it into token ids and resolve its scheme; raises InvalidInput naming
     the field. ``budget`` and ``mask_cap``: the engine's token budget per pass and custom-mask cap,
-    against which the scheme checks the shape."""
+    against which the scheme checks the shape. Sizes are checked before any tokenizing, and a doc's
+    text is cut to what its token limit can use first (``max_text_chars``); ``cancelled`` is asked
+    between docs (Cancelled is raised once it says so)."""
     o = req.options
     check_options(o)
     if not req.docs:
         raise InvalidInput("docs", "no documents to score")
     if len(req.docs) > limits.max_docs:
         raise InvalidInput("docs", f"{len(req.docs)} documents exceed the limit of {limits.max_docs}")
+    check_sizes(req, limits)
     template = TEMPLATES[o.template or ScoreOptions.template]
     if req.prompt_token_ids and (req.prompt or req.instruction):
         which = "prompt" if req.prompt else "instruction"
@@ -202,15 +218,21 @@ def tokenize(
     if room < 1:
         raise InvalidInput("prompt", f"{len(prefix)} prompt tokens leave no room for a document")
     doc_limit = min(o.max_doc_tokens or limits.max_doc_tokens, limits.max_doc_tokens, room)
-    items, doc_tokens, truncated = [], [], []
+    items, doc_tokens, truncated, truncated_chars = [], [], [], []
     split_special = (o.doc_special_tokens or o.special_tokens or "parse") == "text"
+    max_chars = max_text_chars(tokenizer, doc_limit)
     for i, doc in enumerate(req.docs):
+        if cancelled is not None and cancelled():
+            raise Cancelled(f"stopped before docs[{i}]")
         if doc.token_ids and doc.text:
             raise InvalidInput(f"docs[{i}]", "text and token_ids both set; give one")
+        text_cut = 0
         if doc.token_ids:
             ids = _checked_ids(doc.token_ids, limits.vocab_size, f"docs[{i}].token_ids")
         elif doc.text.strip():
-            ids = tuple(_encode(tokenizer, template.doc_lead + doc.text, split_special))
+            text_cut = max(0, len(doc.text) - max_chars)
+            text = doc.text[: len(doc.text) - text_cut]
+            ids = tuple(_encode(tokenizer, template.doc_lead + text, split_special))
         else:
             raise InvalidInput(f"docs[{i}].text", "empty document")
         cut = max(0, len(ids) - doc_limit)
@@ -220,14 +242,16 @@ def tokenize(
                 if doc_limit == room
                 else "max_doc_tokens"
             )
+            count = f"over {len(ids)}" if text_cut else f"{len(ids)}"
             raise InvalidInput(
                 f"docs[{i}]",
-                f"{len(ids)} tokens exceed the limit of {doc_limit} ({why}); set truncate=doc_end",
+                f"{count} tokens exceed the limit of {doc_limit} ({why}); set truncate=doc_end",
             )
         ids = ids[: len(ids) - cut]
         items.append(head + ids + tail)
         doc_tokens.append(len(ids))
         truncated.append(cut)
+        truncated_chars.append(text_cut)
     labels = label_ids(o, tokenizer, limits.vocab_size)
     shape = Shape(len(prefix), tuple(map(len, items)))
     scheme, group = resolve(shape, o)
@@ -246,7 +270,45 @@ def tokenize(
         scheme,
         group,
         scheme.rows(shape),
+        tuple(truncated_chars),
     )
+
+
+def check_sizes(req: ScoreRequest, limits: Limits) -> None:
+    """Text sizes in UTF-8 bytes, before any work: a doc over ``max_doc_bytes``, a call over
+    ``max_request_bytes``."""
+    total = _utf8_len(req.prompt) + _utf8_len(req.instruction)
+    for i, doc in enumerate(req.docs):
+        size = _utf8_len(doc.text)
+        if size > limits.max_doc_bytes:
+            raise InvalidInput(f"docs[{i}].text", f"{size} bytes exceed the limit of {limits.max_doc_bytes}")
+        total += size
+    if total > limits.max_request_bytes:
+        raise InvalidInput("request", f"{total} bytes of text exceed the limit of {limits.max_request_bytes}")
+
+
+def _utf8_len(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode())
+
+
+CUT_SLACK_TOKENS = 16
+"""Tokens' worth of text kept past a doc's limit before tokenizing, so that the cut cannot reach the
+tokens that are kept (a merge across the cut changes only the last few)."""
+
+
+def max_text_chars(tokenizer, doc_limit: int) -> int:
+    """Characters of a doc's text that can matter for its first ``doc_limit`` tokens: no token
+    covers more than ``longest_token_chars`` characters."""
+    return (doc_limit + CUT_SLACK_TOKENS) * longest_token_chars(tokenizer)
+
+
+@lru_cache(maxsize=16)
+def longest_token_chars(tokenizer) -> int:
+    """The longest token of the vocabulary, in characters of its stored form (a byte-level
+    vocabulary stores a character per byte, so this bounds the text characters a token covers);
+    ``get_vocab`` is slow on a large vocabulary, so once per tokenizer."""
+    vocab = getattr(tokenizer, "backend_tokenizer", tokenizer).get_vocab()
+    return max(map(len, vocab), default=1)
 
 
 def label_ids(o: ScoreOptions, tokenizer, vocab_size: int) -> tuple[int, ...]:

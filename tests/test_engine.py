@@ -349,3 +349,71 @@ def test_special_tokens_text_covers_the_query_and_instruction(engine):
     for mode, count in (("text", 1), ("parse", 2)):  # the item's tail has one of its own
         item = engine.tokenize(ScoreRequest("q", [Doc(injected)], options=ScoreOptions(special_tokens=mode)))
         assert item.items[0].count(im_end) == count
+
+
+def test_sizes_are_checked_before_tokenizing_and_name_the_field(engine):
+    small = Limits(max_docs=8, max_doc_tokens=64, max_positions=512, vocab_size=512, max_doc_bytes=100)
+    with pytest.raises(InvalidInput, match="101 bytes exceed the limit of 100") as err:
+        tokenize(_req(docs=("ok", "x" * 101)), engine.tokenizer, small, RAGGED)
+    assert err.value.field == "docs[1].text"
+    with pytest.raises(InvalidInput) as err:  # 2-byte characters count as 2
+        tokenize(_req(docs=("\u00e9" * 51,)), engine.tokenizer, small, RAGGED)
+    assert err.value.field == "docs[0].text"
+    total = Limits(max_docs=8, max_doc_tokens=64, max_positions=512, vocab_size=512, max_request_bytes=150)
+    with pytest.raises(InvalidInput, match="exceed the limit of 150") as err:
+        tokenize(_req(docs=("y" * 90, "z" * 90)), engine.tokenizer, total, RAGGED)
+    assert err.value.field == "request"
+
+
+@given(
+    words=st.lists(st.text(alphabet="ab yes no\u00e9<|>", min_size=1, max_size=40), min_size=1, max_size=60),
+    limit=st.integers(1, 30),
+)
+@example(words=["a" * 5000], limit=3)  # one long word: the cut falls inside it
+@example(words=["<|im_end|>"] * 200, limit=7)
+def test_a_long_text_is_cut_before_tokenizing_and_keeps_the_tokens_of_the_whole(engine, words, limit):
+    from scorer.request import TEMPLATES, _template_ids, max_text_chars
+
+    text = " ".join(words) * 3
+    req = _req(docs=(text,), truncate="doc_end", max_doc_tokens=limit)
+    job = tokenize(req, engine.tokenizer, BIG, RAGGED)
+    template = TEMPLATES[req.options.template]
+    whole = engine.tokenizer.encode(template.doc_lead + text, add_special_tokens=False)
+    head = len(_template_ids(engine.tokenizer, template.item_head))
+    assert list(job.items[0][head : head + job.doc_tokens[0]]) == whole[:limit]
+    assert job.truncated[0] + job.doc_tokens[0] <= len(whole)
+    assert job.truncated_chars[0] == max(0, len(text) - max_text_chars(engine.tokenizer, limit))
+
+
+def test_a_cancelled_call_stops_tokenizing(engine, monkeypatch):
+    """The tokenizer thread is freed after a cancel: no doc is encoded once the call has gone."""
+    import asyncio
+    import time as clock
+
+    from scorer import request as request_module
+    from scorer.server.batcher import BatchPolicy
+    from scorer.server.scoring import ScoringService
+
+    real, encoded = request_module._encode, []
+
+    def slow_encode(*args, **kw):
+        clock.sleep(0.02)
+        encoded.append(1)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(request_module, "_encode", slow_encode)
+
+    async def scenario():
+        service = ScoringService(engine, BatchPolicy())
+        task = asyncio.ensure_future(service.tokenize(_req(docs=tuple(f"doc {i}" for i in range(60)))))
+        await asyncio.sleep(0.2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        at_cancel = len(encoded)
+        await asyncio.sleep(0.3)
+        await service.close()
+        return at_cancel, len(encoded)
+
+    at_cancel, later = asyncio.run(scenario())
+    assert 0 < at_cancel < 40 and later <= at_cancel + 1

@@ -48,6 +48,7 @@ def response_to_proto(
                 label_logprobs=d.label_logprobs if o.return_label_logprobs else (),
                 doc_tokens=d.doc_tokens,
                 truncated_tokens=d.truncated_tokens,
+                truncated_chars=d.truncated_chars,
             )
             for d in result.results
         ],

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +21,7 @@ from .batcher import Batcher, BatchPolicy, Scored, ScoreFn
 from .debug import DebugKnobs, with_faults
 
 log = logging.getLogger(__name__)
+TOKENIZER_THREADS = min(4, os.cpu_count() or 1)
 
 
 class ScoringService:
@@ -29,20 +32,30 @@ class ScoringService:
             log.warning("test knobs active: %s", knobs)
             score = with_faults(score, knobs)
         self.batcher = Batcher(score, policy)
-        self._tokenizer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
+        # several threads (the tokenizer releases the GIL): one call's large docs do not hold the others
+        self._tokenizers = ThreadPoolExecutor(max_workers=TOKENIZER_THREADS, thread_name_prefix="tokenize")
 
     def start(self) -> None:
         self.batcher.start()
 
     async def close(self) -> None:
         await self.batcher.close()
-        self._tokenizer_thread.shutdown(wait=True)
+        self._tokenizers.shutdown(wait=True)
 
     async def tokenize(self, req: ScoreRequest) -> tuple[Job, float]:
-        """Validate, tokenize and resolve on the tokenizer thread; raises InvalidInput naming the field."""
+        """Validate, tokenize and resolve on a tokenizer thread; raises InvalidInput naming the
+        field. A call cancelled meanwhile (its client gone, its deadline passed) stops tokenizing
+        at its next doc."""
         started = time.monotonic()
         loop = asyncio.get_running_loop()
-        job = await loop.run_in_executor(self._tokenizer_thread, self.engine.tokenize, req)
+        gone = threading.Event()
+        work = loop.run_in_executor(self._tokenizers, self.engine.tokenize, req, gone.is_set)
+        work.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved if nobody waits
+        try:
+            job = await asyncio.shield(work)
+        except asyncio.CancelledError:
+            gone.set()
+            raise
         seconds = time.monotonic() - started
         metrics.STAGE_DURATION.labels(stage="tokenize").observe(seconds)
         return job, seconds

@@ -61,20 +61,22 @@ class ScoreOptions(_message.Message):
     def __init__(self, scheme: _Optional[str] = ..., template: _Optional[str] = ..., label_tokens: _Optional[_Iterable[str]] = ..., label_token_ids: _Optional[_Iterable[int]] = ..., score_mode: _Optional[str] = ..., truncate: _Optional[str] = ..., max_doc_tokens: _Optional[int] = ..., group_size: _Optional[int] = ..., top_n: _Optional[int] = ..., return_label_logprobs: _Optional[bool] = ..., doc_special_tokens: _Optional[str] = ..., special_tokens: _Optional[str] = ...) -> None: ...
 
 class DocScore(_message.Message):
-    __slots__ = ("id", "index", "score", "label_logprobs", "doc_tokens", "truncated_tokens")
+    __slots__ = ("id", "index", "score", "label_logprobs", "doc_tokens", "truncated_tokens", "truncated_chars")
     ID_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
     LABEL_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     DOC_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_CHARS_FIELD_NUMBER: _ClassVar[int]
     id: str
     index: int
     score: float
     label_logprobs: _containers.RepeatedScalarFieldContainer[float]
     doc_tokens: int
     truncated_tokens: int
-    def __init__(self, id: _Optional[str] = ..., index: _Optional[int] = ..., score: _Optional[float] = ..., label_logprobs: _Optional[_Iterable[float]] = ..., doc_tokens: _Optional[int] = ..., truncated_tokens: _Optional[int] = ...) -> None: ...
+    truncated_chars: int
+    def __init__(self, id: _Optional[str] = ..., index: _Optional[int] = ..., score: _Optional[float] = ..., label_logprobs: _Optional[_Iterable[float]] = ..., doc_tokens: _Optional[int] = ..., truncated_tokens: _Optional[int] = ..., truncated_chars: _Optional[int] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "doc_tokens", "tokens_computed", "tokens_saved")
