@@ -1,12 +1,15 @@
 """PNG plots (matplotlib, Agg): latency over time, latency CDF, latency-throughput curves of a sweep.
 
 A series is one run: (label, group, arrays); runs of one group (a scheme, in a sweep) share a colour
-over time and a panel in the CDF.
+over time and a panel in the CDF. A run without an ok call has no latency to draw: the CDF panel says
+so in words and the latency-throughput chart marks it with an x on its x axis. Each plot has a
+``*_figure`` function that returns the figure unsaved.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -29,7 +32,20 @@ def _group_colors(groups: Sequence[str]) -> dict[str, str]:
     return {g: f"C{k % 10}" for k, g in enumerate(dict.fromkeys(groups))}
 
 
+def failed_note(requests: int, by_code: dict[str, int]) -> str:
+    """For a run with no ok call: 'all 40 calls failed (UNAVAILABLE)', or 'no calls'."""
+    bad = {c: n for c, n in sorted(by_code.items()) if c != "OK"}
+    if not requests or not bad:
+        return "no calls"
+    codes = next(iter(bad)) if len(bad) == 1 else ", ".join(f"{c} {n}" for c, n in bad.items())
+    return f"all {requests} calls failed ({codes})"
+
+
 def latency_over_time(runs: Sequence[Series], path: Path) -> None:
+    _save(latency_over_time_figure(runs), path)
+
+
+def latency_over_time_figure(runs: Sequence[Series]) -> plt.Figure:
     """Each call at its scheduled time (runs one after another), ok as dots, failures as red crosses."""
     fig, ax = plt.subplots(figsize=(10, 4.8))
     colors = _group_colors([g for _, g, _ in runs])
@@ -63,14 +79,18 @@ def latency_over_time(runs: Sequence[Series], path: Path) -> None:
     ax.set_title("Latency over time (dots: calls; line: p99 per second)", pad=40 if many else 6)
     ax.grid(True, which="both", alpha=0.3)
     if many:
-        ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        _legend(ax, handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     else:
-        ax.legend(handles=ax.get_legend_handles_labels()[0] + handles, fontsize=7, markerscale=2)
-    _save(fig, path)
+        _legend(ax, ax.get_legend_handles_labels()[0] + handles, fontsize=7, markerscale=2)
+    return fig
 
 
 def latency_cdf(runs: Sequence[Series], path: Path) -> None:
-    """One panel per group, one line per run of it."""
+    _save(latency_cdf_figure(runs), path)
+
+
+def latency_cdf_figure(runs: Sequence[Series]) -> plt.Figure:
+    """One panel per group, one line per run of it; runs without an ok call are named in the panel."""
     groups = list(dict.fromkeys(g for _, g, _ in runs)) or [""]
     cols = min(3, len(groups))
     rows = math.ceil(len(groups) / cols)
@@ -78,27 +98,42 @@ def latency_cdf(runs: Sequence[Series], path: Path) -> None:
     for ax, group in zip(axes.flat, groups, strict=False):
         members = [(label, a) for label, g, a in runs if g == group]
         shades = plt.get_cmap("viridis")(np.linspace(0, 0.85, max(len(members), 1)))
+        notes = []
         for (label, a), color in zip(members, shades, strict=True):
             lat = np.sort(a.latency[a.ok]) * 1e3
             if len(lat):
                 ax.plot(
                     lat, np.arange(1, len(lat) + 1) / len(lat), color=color, label=f"{label} (n={len(lat)})"
                 )
+            else:
+                note = failed_note(len(a.code), Counter(a.code.tolist()))
+                notes.append(note if len(members) == 1 else f"{label}: {note}")
+        if notes:
+            alone = len(notes) == len(members)  # the panel has no line: the note in its middle
+            xy, ha, va = ((0.5, 0.5), "center", "center") if alone else ((0.03, 0.95), "left", "top")
+            ax.text(*xy, "\n".join(notes), transform=ax.transAxes, ha=ha, va=va, fontsize=8, color="red")
         for q in (0.5, 0.9, 0.99):
             ax.axhline(q, color="grey", lw=0.5, ls=":")
         ax.set(xscale="log", ylim=(0, 1.01), title=group if len(groups) > 1 else "Latency CDF")
         ax.set(xlabel="latency of ok calls (ms)", ylabel="fraction of calls")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=6, loc="lower right")
+        _legend(ax, fontsize=6, loc="lower right")
     for ax in list(axes.flat)[len(groups) :]:
         ax.set_visible(False)
-    _save(fig, path)
+    return fig
 
 
 def latency_throughput(runs: Sequence[dict], path: Path) -> None:
-    """Per scheme: p99 (solid) and p50 (dashed) against achieved ok calls/s; hollow markers: saturated."""
+    _save(latency_throughput_figure(runs), path)
+
+
+def latency_throughput_figure(runs: Sequence[dict]) -> plt.Figure:
+    """Per scheme: p99 (solid) and p50 (dashed) against achieved ok calls/s; hollow markers: saturated;
+    an x on the x axis: a run without an ok call, labelled with its calls' codes."""
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.8), gridspec_kw={"width_ratios": [3, 2]})
     colors = _group_colors([r["scheme"] for r in runs])
+    at_axis = ax.get_xaxis_transform()  # x in data, y in axes: 0 is the x axis
+    n_failed = 0
     for scheme, color in colors.items():
         pts = sorted((r for r in runs if r["scheme"] == scheme), key=lambda r: r["offered_rps"] or 0)
         x = np.array([r["achieved_rps"] for r in pts])
@@ -112,9 +147,22 @@ def latency_throughput(runs: Sequence[dict], path: Path) -> None:
                 ax.scatter(
                     x[bad], y[bad], marker=marker, facecolors="none", edgecolors=color, alpha=alpha, s=40
                 )
-        for i in bad:
-            r = pts[i]
-            if r["failed"]:
+        for i, r in enumerate(pts):
+            if r["latency_seconds"]["p99"] is None:
+                ax.plot([x[i]], [0], marker="x", ms=9, mew=2, color=color, transform=at_axis, clip_on=False)
+                note = f"{r['label']}: {failed_note(r['requests'], r['by_code'])}"
+                up = 6 + 10 * n_failed  # several at one x stack up
+                ax.annotate(
+                    note,
+                    (x[i], 0),
+                    xycoords=at_axis,
+                    xytext=(6, up),
+                    textcoords="offset points",
+                    fontsize=6,
+                    color=color,
+                )
+                n_failed += 1
+            elif sat[i] and r["failed"]:
                 err = f"{100 * r['failed'] / max(r['requests'], 1):.0f}% failed"
                 y99 = _ms(r["latency_seconds"]["p99"])
                 ax.annotate(
@@ -127,14 +175,16 @@ def latency_throughput(runs: Sequence[dict], path: Path) -> None:
         Line2D([], [], color="grey", ls="--", marker="s", alpha=0.5, label="p50"),
         Line2D([], [], color="grey", ls="", marker="o", mfc="none", label="saturated"),
     ]
-    ax.legend(handles=handles, fontsize=7)
+    if n_failed:
+        handles.append(Line2D([], [], color="grey", ls="", marker="x", mew=2, label="no ok call"))
+    _legend(ax, handles, fontsize=7)
     ax.set(xlabel="achieved ok calls/s", ylabel="latency (ms)", yscale="log", title="Latency vs throughput")
     ax.grid(True, which="both", alpha=0.3)
     top = max([r["offered_rps"] or 0 for r in runs] + [1])
     ax2.plot([0, top], [0, top], color="grey", lw=0.6, ls=":")
     ax2.set(xlabel="offered calls/s", ylabel="achieved ok calls/s", title="Achieved vs offered")
     ax2.grid(True, alpha=0.3)
-    _save(fig, path)
+    return fig
 
 
 def _p99_per_second(t: np.ndarray, lat: np.ndarray, ok: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -146,6 +196,14 @@ def _p99_per_second(t: np.ndarray, lat: np.ndarray, ok: np.ndarray) -> tuple[np.
     edges = np.searchsorted(t, np.append(secs, secs[-1] + 1))
     keep = [(x, lo, hi) for x, lo, hi in zip(secs, edges[:-1], edges[1:], strict=True) if hi > lo]
     return np.array([x for x, _, _ in keep]), np.array([np.percentile(lat[lo:hi], 99) for _, lo, hi in keep])
+
+
+def _legend(ax: plt.Axes, handles: list | None = None, **kw: object) -> None:
+    """A legend of ``handles`` (default: the labelled artists), and none without any: matplotlib
+    would warn "No artists with labels found to put in legend" or draw an empty box."""
+    handles = ax.get_legend_handles_labels()[0] if handles is None else handles
+    if handles:
+        ax.legend(handles=handles, **kw)
 
 
 def _ms(v: float | None) -> float:

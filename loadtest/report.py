@@ -249,19 +249,57 @@ def load(path: Path) -> dict:
 
 
 def compare(a: dict, b: dict, names: tuple[str, str] = ("A", "B")) -> str:
-    """Markdown: each run present in both (matched by label, else by position) side by side."""
-    runs_a = {r["label"]: r for r in a["runs"]}
-    pairs = [(r, runs_a[r["label"]]) for r in b["runs"] if r["label"] in runs_a]
-    if not pairs:
-        pairs = [(rb, ra) for ra, rb in zip(a["runs"], b["runs"], strict=False)]
+    """Markdown: the runs of A and B at the same load side by side (see ``pair_runs``), after a
+    warning where the reports' offered rates differ."""
+    pairs, notes = pair_runs(a, b, names)
     lines = [f"# Compare: {names[0]} vs {names[1]}", ""]
-    for rb, ra in pairs:
+    if notes:
+        lines += [*(f"- **Warning**: {n}" for n in notes), ""]
+    if not pairs:
+        lines += ["No two runs at the same offered rate: nothing compared.", ""]
+    for ra, rb in pairs:
         label = ra["label"] if ra["label"] == rb["label"] else f"{ra['label']} vs {rb['label']}"
         lines += [f"## {label}", "", f"| | {names[0]} | {names[1]} | change |", "|---|---:|---:|---:|"]
         for name, fa, fb in _compare_rows(ra, rb):
             lines.append(f"| {name} | {_fmt(fa)} | {_fmt(fb)} | {_change(fa, fb)} |")
         lines.append("")
     return "\n".join(lines)
+
+
+def pair_runs(
+    a: dict, b: dict, names: tuple[str, str] = ("A", "B")
+) -> tuple[list[tuple[dict, dict]], list[str]]:
+    """Each run of A with the run of B of the same label, else of the same offered load (rate in open
+    loop, concurrency in closed loop), in A's order; runs at different loads are never paired. The
+    notes say where the loads differ and which runs were left out."""
+    runs_a, runs_b = a["runs"], b["runs"]
+    match: dict[int, int] = {}
+    free = list(range(len(runs_b)))
+    for key in (lambda r: r["label"], _load):
+        for i, ra in enumerate(runs_a):
+            j = None if i in match else next((j for j in free if key(runs_b[j]) == key(ra)), None)
+            if j is not None:
+                match[i] = j
+                free.remove(j)
+    loads_a, loads_b = (list(dict.fromkeys(_load(r) for r in runs)) for runs in (runs_a, runs_b))
+    notes = []
+    if set(loads_a) != set(loads_b):
+        notes.append(
+            f"the offered rates differ: {names[0]} ran {', '.join(loads_a)}; {names[1]} ran "
+            f"{', '.join(loads_b)}. Runs are compared only at the same rate."
+        )
+    only_a = [r["label"] for i, r in enumerate(runs_a) if i not in match]
+    only_b = [runs_b[j]["label"] for j in free]
+    for name, only in zip(names, (only_a, only_b), strict=True):
+        if only:
+            notes.append(f"not compared, only in {name}: {', '.join(only)}.")
+    return [(runs_a[i], runs_b[j]) for i, j in sorted(match.items())], notes
+
+
+def _load(run: dict) -> str:
+    """What a run offered: "100/s" in open loop, "x4 concurrent" in closed loop."""
+    rate = run.get("offered_rps")
+    return f"{rate:g}/s" if rate else f"x{run.get('concurrency')} concurrent"
 
 
 def _compare_rows(ra: dict, rb: dict) -> list[tuple[str, float | None, float | None]]:
@@ -331,7 +369,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rendered {args.dir}/report.md and {len(report['plots'])} plots", file=sys.stderr)
         return 0
     names = (str(args.a), str(args.b))
-    text = compare(load(args.a), load(args.b), names)
+    a, b = load(args.a), load(args.b)
+    for note in pair_runs(a, b, names)[1]:
+        print(f"warning: {note}", file=sys.stderr)
+    text = compare(a, b, names)
     print(text)
     if args.out:
         args.out.write_text(text + "\n")

@@ -13,14 +13,15 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 
+from . import metrics as m
 from . import report
 from . import schemes as scheme_names
-from . import metrics as m
 from .driver import MAX_DURATION_S, Call, DriveConfig, compile_calls, drive
 from .gen import read_jsonl
 from .stats import Arrays, capacity, summarize
@@ -37,6 +38,13 @@ def run_one(
         after = m.scrape_settled(metrics_url, totals["requests"], before)
         summary["server"] = m.reconcile(totals, after)
     return summary, Arrays.of(samples)
+
+
+def series_name(calls: Sequence[Call]) -> str:
+    """What a run is named by: the scheme its calls ask for ("auto" when they leave it out), or
+    "mixed" when they ask for different ones."""
+    asked = {c.scheme for c in calls}
+    return asked.pop() if len(asked) == 1 else "mixed"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -100,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     runs, arrays = [], []
     for scheme in schemes:
         calls = compile_calls(requests, scheme)
+        name = series_name(calls)
         for rate in rates:
-            name = scheme or "mixed"
             label = f"{name} @ {rate:g}/s" if rate else f"{name} x{args.concurrency} concurrent"
             cfg = DriveConfig(**base, rate=rate, label=label)
             try:

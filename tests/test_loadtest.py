@@ -225,6 +225,30 @@ def test_closed_loop_and_request_bound(stub: tuple[str, str], tmp_path: Path) ->
     assert len(s) == 50 and s.code.count("OK") == 50 and s.wall_s < 10
 
 
+@pytest.mark.parametrize(
+    ("scheme", "sweep", "name"),
+    [("auto", False, "auto"), ("cascade", True, "cascade"), ("auto,naive", True, "mixed")],
+)
+def test_a_run_is_named_by_the_scheme_its_calls_ask_for(
+    stub: tuple[str, str], tmp_path: Path, scheme: str, sweep: bool, name: str
+) -> None:
+    """Without --schemes: "mixed" only when the set's calls ask for different schemes."""
+    req = tmp_path / "r.jsonl"
+    reqs = _gen(req, "--requests", "12", *SMALL, "--scheme", scheme, "--seed", "1")
+    assert len({r.options.scheme for r in reqs}) == len(scheme.split(","))
+    out = tmp_path / "out"
+    load = ["--sweep", "40,80", "--pause", "0"] if sweep else ["--rate", "40"]
+    argv = ["--target", stub[0], "--requests", str(req), *load, "--duration", "0.25", "--out", str(out)]
+    assert run.main([*argv, "--no-samples", "--quiet"]) == 0
+    rep = _report(out)
+    rates = [40, 80] if sweep else [40]
+    assert [(r["label"], r["scheme"]) for r in rep["runs"]] == [(f"{name} @ {r}/s", name) for r in rates]
+    if sweep:
+        assert set(rep["capacity"]) == {name}
+    else:
+        assert rep["scheme"] == name
+
+
 def test_sweep_per_scheme_and_compare(stub: tuple[str, str], tmp_path: Path) -> None:
     target, metrics_url = stub
     req = tmp_path / "r.jsonl"
