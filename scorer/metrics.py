@@ -64,7 +64,8 @@ DROPPED = Counter(
 )
 REJECTED = Counter(
     "scorer_requests_rejected_total",
-    "Calls refused at once because the queue was full.",
+    "Calls refused at once (RESOURCE_EXHAUSTED): the queue was full, or the queue ahead would push"
+    " the call past its deadline.",
     registry=REGISTRY,
 )
 OOM_RETRIES = Counter(
