@@ -8,16 +8,19 @@ import json
 import logging
 import re
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 from tqdm import tqdm
 
+from .engine import Engine
 from .readout import DocScore
-from .request import Doc, InvalidInput, ScoreRequest
+from .request import Doc, InvalidInput, Job, ScoreOptions, ScoreRequest
 from .settings import SCORE, SERVE, add_arguments, add_request_arguments, from_args, request_options
 
 CHUNK_DOCS = 256  # docs per request when a file is large, so the progress bar moves
+DESCRIPTION = "Score documents against a prompt: scorer score (a JSONL file) or scorer serve (gRPC)."
+SCORE_HELP = 'score a JSONL file of docs ({"text": ..., "id": ...} per line) and print one JSON line per doc'
+SERVE_HELP = "run the gRPC ScoreDocs service"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,50 +38,56 @@ def main(argv: list[str] | None = None) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """``scorer score`` and ``scorer serve``, their flags from ``scorer.settings``."""
-    parser = argparse.ArgumentParser(prog="scorer", description=__doc__)
+    parser = argparse.ArgumentParser(prog="scorer", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
-    score = sub.add_parser("score", help="score a JSONL file of docs ({'text': ..., 'id': ...} per line)")
-    score.add_argument("--prompt", required=True)
-    score.add_argument("--docs", required=True, type=Path, help="JSONL file, one object per line")
-    score.add_argument("--instruction", default="")
+    score = sub.add_parser("score", help=SCORE_HELP, description=SCORE_HELP)
+    score.add_argument(
+        "--prompt", required=True, metavar="TEXT", help="the query the docs are scored against"
+    )
+    score.add_argument(
+        "--docs",
+        required=True,
+        type=Path,
+        metavar="FILE",
+        help='JSONL, one {"text": ..., "id": ...} object per line; blank lines are skipped, and a doc'
+        " without an id (or a null one) gets its index among the docs",
+    )
+    score.add_argument(
+        "--instruction", default="", metavar="TEXT", help="the task instruction (default: the template's)"
+    )
     add_request_arguments(score)
     add_arguments(score, SCORE)
-    serve = sub.add_parser("serve", help="run the gRPC ScoreDocs service")
+    serve = sub.add_parser("serve", help=SERVE_HELP, description=SERVE_HELP)
     add_arguments(serve, SERVE)
     return parser
 
 
 def _score(args: argparse.Namespace) -> int:
+    """Read and check every doc and setting, then score, then print: an error prints no result."""
     from .attention import BackendUnavailable
 
     try:
         settings = from_args(args, SCORE)
-        docs = list(read_docs(args.docs))
+        docs = read_docs(args.docs)
     except (OSError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return _fail(e)
     try:
         engine = settings.build_engine()
     except BackendUnavailable as e:
-        print(f"error: {e} (or pass --attention-fallback torch)", file=sys.stderr)
-        return 2
+        return _fail(f"{e} (or pass --attention-fallback torch)")
     options = request_options(args)
-    chunk_options = dataclasses.replace(options, top_n=0)  # top_n ranks the whole file, below
+    try:
+        jobs = _tokenize(engine, args, docs, dataclasses.replace(options, top_n=0))  # top_n: below
+    except InvalidInput as e:
+        return _fail(e)
     schemes: set[str] = set()
     scored: list[tuple[int, DocScore, str]] = []
     with tqdm(total=len(docs), unit="doc", file=sys.stderr, disable=len(docs) < CHUNK_DOCS) as bar:
-        for start in range(0, max(len(docs), 1), CHUNK_DOCS):
-            chunk = docs[start : start + CHUNK_DOCS]
-            req = ScoreRequest(args.prompt, chunk, instruction=args.instruction, options=chunk_options)
-            try:
-                result = engine.score(req)
-            except InvalidInput as e:
-                where = re.sub(r"^docs\[(\d+)\]", lambda m, s=start: f"docs[{s + int(m[1])}]", e.field)
-                print(f"error: {where}: {str(e).split(': ', 1)[1]}", file=sys.stderr)
-                return 2
+        for start, job in jobs:
+            (result,) = engine.score_batch([job])
             schemes.add(result.scheme)
             scored += [(start + d.index, d, result.scheme) for d in result.results]
-            bar.update(len(chunk))
+            bar.update(len(result.results))
     if options.top_n:
         scored = sorted(scored, key=lambda x: -x[1].score)[: options.top_n]
     for index, d, scheme in scored:
@@ -92,18 +101,54 @@ def _score(args: argparse.Namespace) -> int:
     return 0
 
 
-def read_docs(path: Path) -> Iterator[Doc]:
-    with path.open() as f:
+def _fail(error) -> int:
+    print(f"error: {error}", file=sys.stderr)
+    return 2
+
+
+def _tokenize(
+    engine: Engine, args: argparse.Namespace, docs: list[Doc], options: ScoreOptions
+) -> list[tuple[int, Job]]:
+    """(start, job) per chunk of CHUNK_DOCS docs, every chunk checked before any is scored; an
+    InvalidInput names the doc by its index in the file (``docs[299].text``)."""
+    jobs = []
+    for start in range(0, max(len(docs), 1), CHUNK_DOCS):
+        chunk = docs[start : start + CHUNK_DOCS]
+        req = ScoreRequest(args.prompt, chunk, instruction=args.instruction, options=options)
+        try:
+            jobs.append((start, engine.tokenize(req)))
+        except InvalidInput as e:
+            where = re.sub(r"^docs\[(\d+)\]", lambda m, s=start: f"docs[{s + int(m[1])}]", e.field)
+            raise InvalidInput(where, str(e).removeprefix(f"{e.field}: ")) from None
+    return jobs
+
+
+def read_docs(path: Path) -> list[Doc]:
+    """The docs of a JSONL file. Blank lines are skipped; a doc's id is its "id" (a string as is,
+    a number or other JSON value as its JSON text) or, missing or null, its index among the docs.
+    A bad line raises ValueError naming ``path:line``."""
+    docs = []
+    with path.open("rb") as f:
         for n, raw in enumerate(f, 1):
-            if not raw.strip():
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise ValueError(f"{path}:{n}: not UTF-8") from None
+            if not line.strip():
                 continue
             try:
-                obj = json.loads(raw)
+                obj = json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
             if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
                 raise ValueError(f'{path}:{n}: expected an object with a "text" string')
-            yield Doc(text=obj["text"], id=str(obj.get("id", n - 1)))
+            doc_id = obj.get("id")
+            if doc_id is None:
+                doc_id = str(len(docs))
+            elif not isinstance(doc_id, str):
+                doc_id = json.dumps(doc_id)
+            docs.append(Doc(text=obj["text"], id=doc_id))
+    return docs
 
 
 if __name__ == "__main__":

@@ -220,7 +220,6 @@ def tokenize(
     doc_limit = min(o.max_doc_tokens or limits.max_doc_tokens, limits.max_doc_tokens, room)
     items, doc_tokens, truncated, truncated_chars = [], [], [], []
     split_special = (o.doc_special_tokens or o.special_tokens or "parse") == "text"
-    max_chars = max_text_chars(tokenizer, doc_limit)
     for i, doc in enumerate(req.docs):
         if cancelled is not None and cancelled():
             raise Cancelled(f"stopped before docs[{i}]")
@@ -230,7 +229,7 @@ def tokenize(
         if doc.token_ids:
             ids = _checked_ids(doc.token_ids, limits.vocab_size, f"docs[{i}].token_ids")
         elif doc.text.strip():
-            text_cut = max(0, len(doc.text) - max_chars)
+            text_cut = max(0, len(doc.text) - max_text_chars(tokenizer, doc_limit))
             text = doc.text[: len(doc.text) - text_cut]
             ids = tuple(_encode(tokenizer, template.doc_lead + text, split_special))
         else:

@@ -13,8 +13,11 @@ way (``add_request_arguments``).
 from __future__ import annotations
 
 import argparse
+import re
+import types
 import typing
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 
 import torch
 
@@ -31,17 +34,63 @@ EVERY = (SERVE, SCORE, RAY)
 SERVERS = (SERVE, RAY)
 
 
-def setting(default, help: str, *, choices=None, scopes=SERVERS, metavar=None):
-    return field(
-        default=default, metadata={"help": help, "choices": choices, "scopes": scopes, "metavar": metavar}
-    )
+def setting(default, help: str, *, choices=None, scopes=SERVERS, metavar=None, check=None):
+    """A field of ``Settings``; ``check(value)`` returns what is wrong with a value, or None."""
+    meta = {"help": help, "choices": choices, "scopes": scopes, "metavar": metavar, "check": check}
+    return field(default=default, metadata=meta)
+
+
+def flag(name: str) -> str:
+    """The command-line flag of a setting: ``--max-queue`` for ``max_queue``."""
+    return "--" + name.replace("_", "-")
+
+
+def at_least(low):
+    return lambda v: None if v >= low else f"is less than {low}"
+
+
+def _port(v):
+    return None if 0 <= v <= 65535 else "is not a port (0-65535)"
+
+
+def _positive(v):
+    return None if v > 0 else "is not more than 0"
+
+
+def _device(v):
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", v):
+        return "is not cpu, cuda or cuda:N"
+    if v != "cpu" and not torch.cuda.is_available():
+        return "needs CUDA, which this machine does not have (torch.cuda.is_available() is False)"
+    return None
+
+
+def _checkpoint(v):
+    if not Path(v).is_dir():
+        return "is not a directory"
+    return None if (Path(v) / "config.json").is_file() else "has no config.json"
+
+
+def _file(v):
+    return None if Path(v).is_file() else "is not a file"
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def _log_level(v):
+    return None if v.upper() in LOG_LEVELS else f"is not one of {', '.join(LOG_LEVELS)}"
 
 
 @dataclass(frozen=True)
 class Settings:
     # the model and how it runs
     model: str | None = setting(
-        None, "checkpoint directory (default: the embedded tiny model)", scopes=EVERY, metavar="DIR"
+        None,
+        "checkpoint directory, with its config.json (default: the embedded tiny model)",
+        scopes=EVERY,
+        metavar="DIR",
+        check=_checkpoint,
     )
     attention_backend: str = setting(
         "auto",
@@ -56,7 +105,9 @@ class Settings:
         choices=FALLBACKS,
         scopes=EVERY,
     )
-    device: str | None = setting(None, "cuda or cpu (default: cuda when available)", scopes=EVERY)
+    device: str | None = setting(
+        None, "cpu, cuda or cuda:N (default: cuda when available)", scopes=EVERY, check=_device
+    )
     dtype: str | None = setting(
         None, "default: bfloat16 on cuda, float32 on cpu", choices=tuple(DTYPES), scopes=EVERY
     )
@@ -73,6 +124,7 @@ class Settings:
         "on CUDA, forward passes up to this many tokens replay piecewise CUDA graphs captured at"
         " start-up (everything but attention); 0: always eager",
         scopes=EVERY,
+        check=at_least(0),
     )
     auto_policy: str = setting(
         "default",
@@ -82,40 +134,64 @@ class Settings:
         scopes=EVERY,
     )
     # limits of a call
-    max_docs: int = setting(1024, "documents per call")
-    max_doc_tokens: int = setting(8192, "tokens per document")
+    max_docs: int = setting(1024, "documents per call", check=at_least(1))
+    max_doc_tokens: int = setting(8192, "tokens per document", check=at_least(1))
+    max_doc_bytes: int = setting(
+        1 << 20, "UTF-8 bytes of one document's text, checked before any work", check=at_least(1)
+    )
+    max_request_bytes: int = setting(
+        16 << 20, "UTF-8 bytes of a call's text (prompt, instruction, docs), checked first", check=at_least(1)
+    )
     # batching
     max_batch_tokens: int = setting(
         16384,
         "token budget of one forward pass: calls are merged up to it, a larger call runs alone in"
         " several passes that reuse its prompt's K/V",
+        check=at_least(1),
     )
-    max_wait_ms: float = setting(2.0, "longest a queued call waits for others to fill its batch")
-    max_queue: int = setting(256, "calls waiting beyond this are refused with RESOURCE_EXHAUSTED")
+    max_wait_ms: float = setting(
+        2.0, "longest a queued call waits for others to fill its batch", check=at_least(0)
+    )
+    max_queue: int = setting(
+        256, "calls waiting beyond this are refused with RESOURCE_EXHAUSTED", check=at_least(1)
+    )
     # the standalone server
     host: str = setting("127.0.0.1", "address to listen on (gRPC and metrics)", scopes=(SERVE,))
-    port: int = setting(50051, "gRPC port", scopes=(SERVE,))
-    metrics_port: int = setting(9464, "Prometheus /metrics port (Ray: the first one tried); 0: off")
+    port: int = setting(50051, "gRPC port (0: any free one)", scopes=(SERVE,), check=_port)
+    metrics_port: int = setting(
+        9464, "Prometheus /metrics port (Ray: the first one tried); 0: off", check=_port
+    )
     max_message_bytes: int = setting(64 * 2**20, "largest request or response message", scopes=(SERVE,))
     drain_seconds: float = setting(
-        5.0, "after SIGTERM: keep serving this long with health NOT_SERVING", scopes=(SERVE,)
+        5.0,
+        "after SIGTERM: keep serving this long with health NOT_SERVING",
+        scopes=(SERVE,),
+        check=at_least(0),
     )
-    grace_seconds: float = setting(30.0, "after the drain: longest wait for calls in flight", scopes=(SERVE,))
+    grace_seconds: float = setting(
+        30.0, "after the drain: longest wait for calls in flight", scopes=(SERVE,), check=at_least(0)
+    )
     tls_cert: str | None = setting(
-        None, "serve TLS with this certificate chain", scopes=(SERVE,), metavar="PEM"
+        None, "serve TLS with this certificate chain", scopes=(SERVE,), metavar="PEM", check=_file
     )
-    tls_key: str | None = setting(None, "private key of --tls-cert", scopes=(SERVE,), metavar="PEM")
-    log_level: str = setting("INFO", "DEBUG, INFO, WARNING or ERROR")
+    tls_key: str | None = setting(
+        None, "private key of --tls-cert", scopes=(SERVE,), metavar="PEM", check=_file
+    )
+    log_level: str = setting("INFO", "DEBUG, INFO, WARNING or ERROR", check=_log_level)
     # a Ray replica
     call_timeout_s: float | None = setting(
         None,
         "deadline of each call from its arrival at the replica (Ray's proxy does not pass the client's"
         " deadline on); it lets the batcher refuse or drop calls that cannot finish in time",
         scopes=(RAY,),
+        check=_positive,
     )
     metrics_host: str = setting("0.0.0.0", "address of the replica's /metrics", scopes=(RAY,))
     metrics_port_tries: int = setting(
-        8, "replicas on one node take the next free metrics port, up to this many", scopes=(RAY,)
+        8,
+        "replicas on one node take the next free metrics port, up to this many",
+        scopes=(RAY,),
+        check=at_least(1),
     )
     # test knobs (never in production)
     debug_forward_delay_ms: float = setting(
@@ -127,14 +203,25 @@ class Settings:
     debug_fault_prompt: str = setting(
         "", "test knob: a forward batch with a call of this prompt raises RuntimeError", scopes=(SERVE,)
     )
+    debug_tokenize_delay_ms: float = setting(
+        0.0, "test knob: sleep this long before tokenizing every call", scopes=(SERVE,), check=at_least(0)
+    )
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            choices, value = f.metadata["choices"], getattr(self, f.name)
-            if choices is not None and value is not None and value not in choices:
-                raise ValueError(f"{f.name}: {value!r} is not one of {', '.join(choices)}")
+        """A value that cannot work raises ValueError naming its flag and field, before anything
+        starts: ``--max-queue (max_queue): 0 is less than 1``."""
         if bool(self.tls_cert) != bool(self.tls_key):
-            raise ValueError("tls_cert and tls_key go together")
+            raise ValueError("tls_cert and tls_key go together: give --tls-cert and --tls-key, or neither")
+        for f in fields(self):
+            value, choices, check = getattr(self, f.name), f.metadata["choices"], f.metadata["check"]
+            if value is None or value == "":
+                continue
+            if choices is not None and value not in choices:
+                problem = f"is not one of {', '.join(choices)}"
+            else:
+                problem = check(value) if check else None
+            if problem:
+                raise ValueError(f"{flag(f.name)} ({f.name}): {value!r} {problem}")
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(
@@ -142,6 +229,8 @@ class Settings:
             max_doc_tokens=self.max_doc_tokens,
             max_tokens_per_pass=self.max_batch_tokens,
             auto_policy=self.auto_policy,
+            max_doc_bytes=self.max_doc_bytes,
+            max_request_bytes=self.max_request_bytes,
         )
 
     def batch_policy(self):
@@ -153,7 +242,10 @@ class Settings:
         from .server.debug import DebugKnobs
 
         return DebugKnobs(
-            self.debug_forward_delay_ms / 1e3, self.debug_oom_above_tokens, self.debug_fault_prompt
+            self.debug_forward_delay_ms / 1e3,
+            self.debug_oom_above_tokens,
+            self.debug_fault_prompt,
+            self.debug_tokenize_delay_ms / 1e3,
         )
 
     def build_engine(self, config: EngineConfig | None = None) -> Engine:
@@ -243,21 +335,20 @@ def request_options(args: argparse.Namespace) -> ScoreOptions:
 
 
 def _add(parser: argparse.ArgumentParser, name: str, meta, hint, default) -> None:
-    flag = "--" + name.replace("_", "-")
     kw = {"default": default, "help": meta["help"], "dest": name}
     if meta.get("metavar"):
         kw["metavar"] = meta["metavar"]
     if meta.get("choices") is not None:
         kw["choices"] = meta["choices"]
-    base = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
-    kind = base[0]
-    if kind is bool:
-        parser.add_argument(flag, action="store_true", **{k: v for k, v in kw.items() if k != "default"})
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):  # X | None: a flag of X
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+    if hint is bool:
+        del kw["default"]
+        parser.add_argument(flag(name), action="store_true", **kw)
         return
-    if typing.get_origin(kind) is tuple:
+    if typing.get_origin(hint) is tuple:  # tuple[X, ...]: one or more X
         kw["nargs"] = "+"
-        kw["type"] = typing.get_args(kind)[0]
-        kw["default"] = default
-    elif kind in (int, float):
-        kw["type"] = kind
-    parser.add_argument(flag, **kw)
+        kw["type"] = typing.get_args(hint)[0]
+    elif hint in (int, float):
+        kw["type"] = hint
+    parser.add_argument(flag(name), **kw)

@@ -171,7 +171,7 @@ def test_cli_scores_a_file_in_input_order(engine, tmp_path, capsys):
     out = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [(o["index"], o["id"], o["scheme"]) for o in out] == [
         (0, "a", "multi_item"),
-        (1, "2", "multi_item"),
+        (1, "1", "multi_item"),
     ]
     direct = engine.score(ScoreRequest("greek letters", [Doc("alpha beta"), Doc("gamma")]))
     assert [o["score"] for o in out] == pytest.approx([d.score for d in direct.results], abs=1e-6)

@@ -1,4 +1,4 @@
-"""``python -m scorer.server``: the same server as ``scorer serve``."""
+"""python -m scorer.server: the same server as scorer serve."""
 
 import argparse
 import sys

@@ -41,12 +41,13 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s request_id=%(request_id)s %(mes
 
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM or SIGINT; returns the exit code (2: a setting that cannot work)."""
-    configure_logging(args.log_level)
+    configure_logging("INFO")
     try:
         settings = from_args(args, SERVE)
     except ValueError as e:
         log.error("%s", e)
         return 2
+    configure_logging(settings.log_level)
     try:
         return asyncio.run(serve(settings))
     except CannotListen as e:

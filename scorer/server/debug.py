@@ -22,10 +22,13 @@ class DebugKnobs:
     forward_delay_s: float = 0.0
     oom_above_tokens: int = 0  # a forward batch over this many tokens raises torch.OutOfMemoryError
     fault_prompt: str = ""  # a batch holding a call with this prompt raises RuntimeError
+    tokenize_delay_s: float = 0.0  # every call sleeps this long on its tokenizer thread first
 
     @property
     def active(self) -> bool:
-        return bool(self.forward_delay_s or self.oom_above_tokens or self.fault_prompt)
+        return bool(
+            self.forward_delay_s or self.oom_above_tokens or self.fault_prompt or self.tokenize_delay_s
+        )
 
 
 def with_faults(score: ScoreFn, knobs: DebugKnobs) -> ScoreFn:
@@ -40,3 +43,11 @@ def with_faults(score: ScoreFn, knobs: DebugKnobs) -> ScoreFn:
         return score(batch)
 
     return faulty_score
+
+
+def with_tokenize_delay(tokenize, seconds: float):
+    def slow_tokenize(*args):
+        time.sleep(seconds)
+        return tokenize(*args)
+
+    return slow_tokenize

@@ -18,7 +18,7 @@ from ..engine import Engine, ScoreResult
 from ..planning import REGISTRY
 from ..request import Doc, Job, ScoreOptions, ScoreRequest
 from .batcher import Batcher, BatchPolicy, Scored, ScoreFn
-from .debug import DebugKnobs, with_faults
+from .debug import DebugKnobs, with_faults, with_tokenize_delay
 
 log = logging.getLogger(__name__)
 TOKENIZER_THREADS = min(4, os.cpu_count() or 1)
@@ -27,6 +27,9 @@ TOKENIZER_THREADS = min(4, os.cpu_count() or 1)
 class ScoringService:
     def __init__(self, engine: Engine, policy: BatchPolicy, knobs: DebugKnobs | None = None) -> None:
         self.engine = engine
+        self._tokenize = engine.tokenize
+        if knobs is not None and knobs.tokenize_delay_s:
+            self._tokenize = with_tokenize_delay(engine.tokenize, knobs.tokenize_delay_s)
         score: ScoreFn = self._score_counting_passes
         if knobs is not None and knobs.active:
             log.warning("test knobs active: %s", knobs)
@@ -49,7 +52,7 @@ class ScoringService:
         started = time.monotonic()
         loop = asyncio.get_running_loop()
         gone = threading.Event()
-        work = loop.run_in_executor(self._tokenizers, self.engine.tokenize, req, gone.is_set)
+        work = loop.run_in_executor(self._tokenizers, self._tokenize, req, gone.is_set)
         work.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved if nobody waits
         try:
             job = await asyncio.shield(work)
