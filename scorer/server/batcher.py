@@ -9,17 +9,27 @@ deadline passed or that was cancelled while queued is dropped without compute. A
 (out of memory above all) is retried one call at a time, so only the failing call fails.
 
 Under overload, work spent on a call that will miss its deadline anyway is what makes goodput
-collapse. The batcher keeps a model of forward time (a fixed cost plus a cost per token, fitted
-on recent batches; see ForwardTimeModel); it refuses at once a
-call that the queue ahead of it would push past its deadline, and when it cuts a batch it drops a
-call that could not finish in time even alone ("unreachable") and stops adding
-calls once one more would push a call already in the batch past its deadline.
+collapse. The batcher keeps a model of the time a batch holds the device, ``a + b * tokens`` fitted
+on recent batches (see ForwardTimeModel), and
+
+- refuses at once a call whose batch it estimates to end with less than ``SPARE`` of the call's
+  time left before its deadline: the end of the batches in flight (each one's estimate, less the
+  time the oldest has held the device), then the queue up to and including the call counted in
+  batches, ``n * (a + s) + b * tokens`` where ``n = min(calls, ceil(tokens / C))``, ``C`` is the
+  largest batch seen recently (at most ``max_batch_tokens``) and ``s`` the spread of recent
+  batches around the fit. Batches, not one forward of all the queue's tokens: when recent
+  batches were all about the same size, ``b`` fits to 0 and ``a`` is the whole time of a batch;
+- when it cuts a batch, drops a call that could not end in time even alone behind the batches in
+  flight ("unreachable"), and stops adding calls once one more would push a call already in the
+  batch past its deadline (one forward at ``a + b * tokens``, no margins: only a call that cannot
+  make it is dropped).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -38,6 +48,9 @@ log = logging.getLogger(__name__)
 ScoreFn = Callable[[Sequence[Job]], Callable[[], list[ScoreResult]]]
 """Starts a batch and returns the function that waits for its results (``Engine.launch``)."""
 IN_FLIGHT = 2
+SPARE = 0.1
+"""The share of a call's time to its deadline that its estimated end must leave for it to be
+admitted: forward times vary, and a call admitted at the very edge would miss every other time."""
 
 
 class QueueFull(Exception):
@@ -94,10 +107,13 @@ class _Queued:
 
 
 class ForwardTimeModel:
-    """Forward seconds as ``a + b * tokens``, least squares over the last batches.
+    """Seconds a batch holds the device as ``a + b * tokens``, least squares over the last batches.
 
-    While recent batches barely differ in size, the whole time counts as the fixed cost ``a``:
-    that under-predicts a larger batch, so a call is never refused on an extrapolation.
+    A batch holds the device from its launch, or from the end of the batch before it if that is
+    later (batches in flight queue behind each other), to its end. While recent batches barely
+    differ in size, the whole time counts as the fixed cost ``a``: that under-predicts one larger
+    batch, so a call is never dropped on an extrapolation, but a queue is counted in batches of
+    the largest size seen (``queue``), so a deep one is not under-counted.
     """
 
     def __init__(self, window: int = 64) -> None:
@@ -106,7 +122,7 @@ class ForwardTimeModel:
     def observe(self, tokens: int, seconds: float) -> None:
         self._seen.append((tokens, seconds))
 
-    def predict(self, tokens: int) -> float | None:
+    def _fit(self) -> tuple[float, float] | None:
         if len(self._seen) < 2:
             return None
         n = len(self._seen)
@@ -116,8 +132,32 @@ class ForwardTimeModel:
         b = 0.0
         if var_t > (0.1 * mean_t) ** 2:
             b = max(0.0, sum((t - mean_t) * (s - mean_s) for t, s in self._seen) / n / var_t)
-        a = max(0.0, mean_s - b * mean_t)
-        return a + b * tokens
+        return max(0.0, mean_s - b * mean_t), b
+
+    def predict(self, tokens: int) -> float | None:
+        """One batch of ``tokens`` tokens: ``a + b * tokens``."""
+        fit = self._fit()
+        return None if fit is None else fit[0] + fit[1] * tokens
+
+    def queue(self, calls: int, tokens: int, max_batch_tokens: int) -> float | None:
+        """``calls`` queued calls of ``tokens`` tokens in all, counted with care: ``n`` batches of
+        at most the largest size seen recently (and ``max_batch_tokens``), one call each at the
+        most, each at ``a`` plus the spread of recent batches around the fit, and ``b`` a token."""
+        fit = self._fit()
+        if fit is None:
+            return None
+        if not calls:
+            return 0.0
+        a, b = fit
+        spread = math.sqrt(sum((s - a - b * t) ** 2 for t, s in self._seen) / len(self._seen))
+        size = max(1, min(max_batch_tokens, max(t for t, _ in self._seen)))
+        return min(calls, math.ceil(tokens / size)) * (a + spread) + b * tokens
+
+
+@dataclass(eq=False)
+class _Flight:
+    tokens: int
+    started: float
 
 
 class Batcher:
@@ -133,6 +173,8 @@ class Batcher:
         self._slots = asyncio.Semaphore(IN_FLIGHT)  # batches launched and not yet settled
         self._collecting: set[asyncio.Task] = set()
         self._forward_time = ForwardTimeModel()
+        self._in_flight: deque[_Flight] = deque()  # launched and not yet settled, oldest first
+        self._device_free = 0.0  # when the last batch ended
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="batcher")
@@ -163,7 +205,7 @@ class Batcher:
         if queued.expired(queued.enqueued):
             self._count_drop(queued, "deadline")
             raise Dropped("deadline")
-        if self._late(queued, queued.enqueued, sum(j.tokens for j in self._pending) + queued.tokens):
+        if self._refused(queued):
             metrics.REJECTED.inc()
             raise QueueFull("at the current load the call would not finish before its deadline; retry later")
         queued.future.add_done_callback(partial(self._on_done, queued))
@@ -254,11 +296,36 @@ class Batcher:
             metrics.STAGE_DURATION.labels(stage="queue").observe(now - job.enqueued)
         return batch
 
+    def _refused(self, job: _Queued) -> bool:
+        """Would the call's batch end with less than SPARE of its time left? (The module's docstring.)"""
+        if job.deadline is None:
+            return False
+        calls, tokens = len(self._pending) + 1, sum(j.tokens for j in self._pending) + job.tokens
+        queue = self._forward_time.queue(calls, tokens, self.policy.max_batch_tokens)
+        now = job.enqueued
+        return queue is not None and self._in_flight_left(now) + queue > (1 - SPARE) * (job.deadline - now)
+
     def _late(self, job: _Queued, now: float, tokens: int, deadline: float | None = None) -> bool:
-        """Would a forward of ``tokens`` tokens starting now end after ``deadline`` (the job's)?"""
+        """Would a forward of ``tokens`` tokens, behind the batches in flight, end after
+        ``deadline`` (the job's)?"""
         deadline = job.deadline if deadline is None else deadline
         predicted = self._forward_time.predict(tokens)
-        return predicted is not None and deadline is not None and now + predicted > deadline
+        return (
+            predicted is not None
+            and deadline is not None
+            and now + self._in_flight_left(now) + predicted > deadline
+        )
+
+    def _in_flight_left(self, now: float) -> float:
+        """Estimated seconds until the batches in flight end: each one's estimate, less the time
+        the oldest has held the device (not below 0 for it)."""
+        left = 0.0
+        for i, flight in enumerate(self._in_flight):
+            predicted = self._forward_time.predict(flight.tokens) or 0.0
+            if i == 0:
+                predicted = max(0.0, predicted - (now - max(flight.started, self._device_free)))
+            left += predicted
+        return left
 
     async def _launch(self, batch: list[_Queued]) -> None:
         batch = [job for job in batch if not job.future.done()]
@@ -268,6 +335,8 @@ class Batcher:
         metrics.BATCH_REQUESTS.observe(len(batch))
         metrics.BATCH_TOKENS.observe(sum(j.tokens for j in batch))
         started = time.monotonic()
+        flight = _Flight(sum(j.tokens for j in batch), started)
+        self._in_flight.append(flight)
         loop = asyncio.get_running_loop()
         try:
             collect = await loop.run_in_executor(self._executor, self._score, [j.job for j in batch])
@@ -275,13 +344,14 @@ class Batcher:
             try:
                 await self._failed(batch, exc)
             finally:
+                self._landed(flight)
                 self._slots.release()
             return
-        task = loop.create_task(self._collect(batch, collect, started))
+        task = loop.create_task(self._collect(batch, collect, flight))
         self._collecting.add(task)
         task.add_done_callback(self._collecting.discard)
 
-    async def _collect(self, batch: list[_Queued], collect: Callable[[], list[ScoreResult]], started: float):
+    async def _collect(self, batch: list[_Queued], collect: Callable[[], list[ScoreResult]], flight: _Flight):
         try:
             results = await asyncio.get_running_loop().run_in_executor(self._waiter, collect)
         except Exception as exc:
@@ -290,8 +360,17 @@ class Batcher:
                 _settle(job, exc)
             return
         finally:
+            held = self._landed(flight)
             self._slots.release()
-        self._finish(batch, results, started)
+        self._finish(batch, results, flight.started, held)
+
+    def _landed(self, flight: _Flight) -> float:
+        """The batch ended: it leaves the flights. Returns the seconds it held the device."""
+        now = time.monotonic()
+        held = now - max(flight.started, self._device_free)
+        self._in_flight.remove(flight)
+        self._device_free = now
+        return held
 
     async def _failed(self, batch: list[_Queued], exc: Exception) -> None:
         """A batch whose launch raised: out of memory or a fault of one call; retry each alone."""
@@ -320,9 +399,12 @@ class Batcher:
                 continue
             self._finish([job], results, started)
 
-    def _finish(self, batch: list[_Queued], results: list[ScoreResult], started: float) -> None:
+    def _finish(
+        self, batch: list[_Queued], results: list[ScoreResult], started: float, held: float | None = None
+    ) -> None:
+        """Settle the batch's calls; ``held``: the seconds it held the device (default: since ``started``)."""
         forward_s = time.monotonic() - started
-        self._forward_time.observe(sum(j.tokens for j in batch), forward_s)
+        self._forward_time.observe(sum(j.tokens for j in batch), forward_s if held is None else held)
         for job, result in zip(batch, results, strict=True):
             metrics.STAGE_DURATION.labels(stage="forward").observe(forward_s)
             _settle(job, Scored(result, started - job.enqueued, forward_s, len(batch)))
