@@ -135,9 +135,17 @@ class ForwardTimeModel:
         return max(0.0, mean_s - b * mean_t), b
 
     def predict(self, tokens: int) -> float | None:
-        """One batch of ``tokens`` tokens: ``a + b * tokens``."""
+        """One batch of ``tokens`` tokens: ``a + b * tokens``; while recent batches were all of
+        about one size (``b`` is 0), a smaller batch takes its share of ``a``. Otherwise a model
+        fitted on a burst of large batches would refuse every later call, the small ones too,
+        and, running none, never learn again."""
         fit = self._fit()
-        return None if fit is None else fit[0] + fit[1] * tokens
+        if fit is None:
+            return None
+        a, b = fit
+        if b == 0.0:
+            a *= min(1.0, tokens / (sum(t for t, _ in self._seen) / len(self._seen)))
+        return a + b * tokens
 
     def queue(self, calls: int, tokens: int, max_batch_tokens: int) -> float | None:
         """``calls`` queued calls of ``tokens`` tokens in all, counted with care: ``n`` batches of
@@ -151,7 +159,8 @@ class ForwardTimeModel:
         a, b = fit
         spread = math.sqrt(sum((s - a - b * t) ** 2 for t, s in self._seen) / len(self._seen))
         size = max(1, min(max_batch_tokens, max(t for t, _ in self._seen)))
-        return min(calls, math.ceil(tokens / size)) * (a + spread) + b * tokens
+        n = min(calls, math.ceil(tokens / size))
+        return n * (self.predict(math.ceil(tokens / n)) + spread)
 
 
 @dataclass(eq=False)

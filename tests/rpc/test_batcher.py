@@ -282,7 +282,8 @@ def test_a_call_admitted_behind_a_batch_that_runs_long_is_dropped_without_comput
 
 
 def test_the_forward_time_model_counts_a_queue_in_batches_of_the_largest_size_seen():
-    """The queue's estimate: ``n * (a + spread) + b * tokens`` in n = min(calls, ceil(tokens / C)) batches."""
+    """The queue's estimate: n = min(calls, ceil(tokens / C)) batches of the queue's mean size, each
+    at its predicted time plus the spread."""
     model = ForwardTimeModel()
     assert model.queue(3, 300, 1000) is None
     for tokens in (100, 100, 101, 99):
@@ -291,7 +292,8 @@ def test_the_forward_time_model_counts_a_queue_in_batches_of_the_largest_size_se
     assert model.queue(0, 0, 1000) == 0
     assert model.queue(10, 1000, 16384) == pytest.approx(10 * 0.5)  # 1000 tokens in batches of 101
     assert model.queue(2, 1000, 16384) == pytest.approx(2 * 0.5)  # no more batches than calls
-    assert model.queue(30, 1000, 50) == pytest.approx(20 * 0.5)  # nor larger than the budget
+    assert model.queue(30, 1000, 50) == pytest.approx(20 * 0.25)  # nor larger than the budget; each
+    assert model.predict(25) == pytest.approx(0.125)  # smaller batch its share of a (b is 0)
     model = ForwardTimeModel()
     model.observe(100, 0.15)
     model.observe(400, 0.45)
@@ -302,3 +304,14 @@ def test_the_forward_time_model_counts_a_queue_in_batches_of_the_largest_size_se
     model.observe(100, 0.6)
     assert model.predict(100) == pytest.approx(0.5)
     assert model.queue(3, 300, 16384) == pytest.approx(3 * (0.5 + 0.1))  # and the spread around the fit
+
+
+def test_after_a_burst_of_large_batches_a_small_call_is_still_admitted():
+    """Large batches all of one size fit ``a`` = their whole time: a small call must not be
+    estimated at that (it would be refused, no batch would run, and the model never learn)."""
+    model = ForwardTimeModel()
+    for _ in range(8):
+        model.observe(16384, 1.5)
+    assert model.predict(16384) == pytest.approx(1.5)
+    assert model.predict(400) == pytest.approx(1.5 * 400 / 16384)
+    assert model.queue(1, 400, 16384) < 0.1
