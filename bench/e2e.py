@@ -97,9 +97,12 @@ def skip_reason(scheme: str, shape: Shape) -> str | None:
     return None
 
 
-def build_model(device: torch.device, layers: int, kernels: str = "torch") -> DecoderLM:
-    """The Qwen3-0.6B-shaped model with seeded random bf16 weights (equal whatever ``kernels``)."""
-    config = ModelConfig.from_hf({**QWEN3_06B, "num_hidden_layers": layers})
+def build_model(
+    device: torch.device, layers: int, kernels: str = "torch", shape: dict = QWEN3_06B
+) -> DecoderLM:
+    """A model of ``shape`` (Qwen3-0.6B's by default) with seeded random bf16 weights (equal
+    whatever ``kernels``)."""
+    config = ModelConfig.from_hf({**shape, "num_hidden_layers": layers})
     torch.manual_seed(0)
     with torch.device(device):
         model = DecoderLM(config, kernels)

@@ -15,3 +15,21 @@ def test_host_path_reports_every_stage(tmp_path, capsys) -> None:
     lookup = result["label_lookup_ms"]
     assert lookup["lookup"] < lookup["get_vocab"]
     assert "| token_ids |" in capsys.readouterr().out
+
+
+def test_throughput_benchmark_runs_every_kind_of_system(tmp_path):
+    """bench.throughput on a toy model on the CPU (torch reference, no graphs): an engine system,
+    a forced scheme and both transformers baselines each give docs/s and MFU in the JSON."""
+    import json
+
+    from bench import throughput
+
+    throughput.main(
+        ["--device", "cpu", "--models", "smoke", "--workloads", "A'", "--calls", "3", "--seconds", "0.2",
+         "--systems", "auto,multi_item,hf_naive,hf_prefix", "--out", str(tmp_path)]
+    )  # fmt: skip
+    records = json.loads((tmp_path / "throughput.json").read_text())["records"]
+    assert [r["system"] for r in records] == ["auto", "multi_item", "hf_naive", "hf_prefix"]
+    for r in records:
+        assert r["docs_s"] > 0 and 0 < r["mfu"] < 1, r
+    assert records[0]["scheme_used"] == ["ragged"] and records[1]["idle_p50_ms"] > 0

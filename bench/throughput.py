@@ -1,0 +1,359 @@
+"""Docs/s per GPU: this engine against transformers on the same calls, with MFU.
+
+Random bf16 weights in the shapes of Qwen3-0.6B and Qwen3-8B, template ``plain``, token ids, two
+label ids. For each workload (prompt + N docs of S tokens) and system:
+
+* an engine system (``auto`` or a forced scheme; ``auto@flashinfer`` is ``auto`` on the model's
+  FlashInfer kernels instead of the fused ones): batches of at most ``--budget`` tokens formed as
+  the server's batcher forms them and pipelined as it runs them (the next batch launched before
+  the last is collected); docs/s at saturation, one idle call's p50/p95, peak GPU memory;
+* ``hf_naive``: transformers (SDPA) on every [prompt + doc] as a row of a batch;
+* ``hf_prefix``: the prompt's KV cache computed once and repeated over a batch of docs;
+  both at their best batch size of ``HF_BATCHES``.
+
+MFU = useful FLOPs / time / the rate of an 8192^3 bf16 matmul timed in the same run, with useful
+FLOPs of a call of prompt P and N docs of S tokens, L layers, hidden h, MLP width i, q width q,
+kv width kv, vocabulary V: ``2L(h(q+2kv) + qh + 3hi)(P+NS) + 4Lq(P^2/2 + NS(P+S/2)) + 2hVN``.
+The JSON (``throughput.json``) is written after every record.
+
+    python -m bench.throughput --out out/ [--models qwen3-0.6b] [--workloads A,E] [--systems auto,hf_naive]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import random
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from scorer.attention import HeadSpec
+from scorer.attention.torch_ref import TorchBackend
+from scorer.engine import Engine, EngineConfig
+from scorer.planning import REGISTRY
+from scorer.request import Doc, ScoreOptions, ScoreRequest
+from scorer.runner import ModelRunner
+
+from .e2e import QWEN3_06B, build_model
+from .timing import environment, sync, write_json
+
+QWEN3_8B = {
+    **QWEN3_06B,
+    "hidden_size": 4096,
+    "intermediate_size": 12288,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "tie_word_embeddings": False,
+}
+SMOKE = {**QWEN3_06B, "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}  # fmt: skip
+MODELS = {"qwen3-0.6b": QWEN3_06B, "qwen3-8b": QWEN3_8B, "smoke": SMOKE}
+WORKLOADS = {  # prompt tokens, docs, doc tokens (a float: log-normal around it)
+    "A": (300, 10, 50),
+    "A'": (300, 10, 50.0),
+    "B": (2000, 100, 100),
+    "C": (100, 50, 400),
+    "D": (8000, 32, 4),
+    "E": (200, 20, 60),
+}
+DEFAULT = {
+    "qwen3-0.6b": ("A", "A'", "B", "C", "D", "E"),
+    "qwen3-8b": ("A", "B"),
+    "smoke": ("A", "A'"),
+}
+HF_BATCHES = (8, 32, 128)
+LABELS = (1, 2)
+
+
+def calls(workload: str, n: int, vocab: int, seed: int = 0) -> list[ScoreRequest]:
+    p, m, s = WORKLOADS[workload]
+    rng = random.Random(seed)
+
+    def doc_len() -> int:
+        return max(1, round(rng.lognormvariate(math.log(s), 0.5))) if isinstance(s, float) else s
+
+    out = []
+    for i in range(n):
+        prompt = tuple(rng.randrange(vocab) for _ in range(p))
+        docs = [
+            Doc(id=str(j), token_ids=tuple(rng.randrange(vocab) for _ in range(doc_len()))) for j in range(m)
+        ]
+        out.append(
+            ScoreRequest(
+                "",
+                docs,
+                prompt_token_ids=prompt,
+                options=ScoreOptions(template="plain", label_token_ids=LABELS),
+                request_id=str(i),
+            )
+        )
+    return out
+
+
+def useful_flops(cfg: dict, p: int, lens: list[int]) -> float:
+    L, h, i, V = cfg["num_hidden_layers"], cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    q, kv = cfg["num_attention_heads"] * cfg["head_dim"], cfg["num_key_value_heads"] * cfg["head_dim"]
+    tokens = p + sum(lens)
+    attention = p * p / 2 + sum(s * (p + s / 2) for s in lens)
+    return (
+        2 * L * (h * (q + 2 * kv) + q * h + 3 * h * i) * tokens
+        + 4 * L * q * attention
+        + 2 * h * V * len(lens)
+    )
+
+
+def matmul_tflops(device: torch.device) -> float:
+    """The rate of an 8192^3 bf16 matmul (1024^3 on the CPU, for a smoke run)."""
+    k = 8192 if device.type == "cuda" else 1024
+    a = torch.randn(k, k, dtype=torch.bfloat16, device=device)
+    b = torch.randn(k, k, dtype=torch.bfloat16, device=device)
+    for _ in range(3):
+        a @ b
+    sync(device)
+    t0, n = time.perf_counter(), 20
+    for _ in range(n):
+        a @ b
+    sync(device)
+    return 2 * k**3 * n / (time.perf_counter() - t0) / 1e12
+
+
+def batches(jobs: list, budget: int) -> list[list]:
+    out, cur, n = [], [], 0
+    for job in jobs:
+        if cur and n + job.tokens > budget:
+            out.append(cur)
+            cur, n = [], 0
+        cur.append(job)
+        n += job.tokens
+    return out + ([cur] if cur else [])
+
+
+def _reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _peak_gib(device: torch.device) -> float:
+    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else math.nan
+
+
+def engine_system(engine: Engine, reqs: list[ScoreRequest], scheme: str, seconds: float, budget: int) -> dict:
+    from dataclasses import replace
+
+    device = engine.device
+    jobs = [engine.tokenize(replace(r, options=replace(r.options, scheme=scheme))) for r in reqs]
+    todo = batches(jobs, budget)
+    for b in todo[:2]:
+        engine.score_batch(b)
+    sync(engine.device)
+    _reset_peak(device)
+    docs, t0, waiting, k = 0, time.perf_counter(), None, 0
+    while time.perf_counter() - t0 < seconds or k < 3:
+        b = todo[k % len(todo)]
+        launched = engine.launch(b)
+        if waiting is not None:
+            waiting()
+        waiting = launched
+        docs += sum(len(j.items) for j in b)
+        k += 1
+    waiting()
+    wall = time.perf_counter() - t0
+    idle = []
+    for job in jobs[:30]:
+        sync(engine.device)
+        t1 = time.perf_counter()
+        engine.score_batch([job])
+        idle.append((time.perf_counter() - t1) * 1e3)
+    q = statistics.quantiles(idle, n=20)
+    return {
+        "docs_s": docs / wall,
+        "idle_p50_ms": statistics.median(idle),
+        "idle_p95_ms": q[18],
+        "peak_gib": _peak_gib(device),
+        "scheme_used": sorted({j.scheme.name for j in jobs}),
+    }
+
+
+def hf_model(cfg: dict, device: torch.device):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    hf_cfg = AutoConfig.for_model(
+        "qwen3", **{k: v for k, v in cfg.items() if k not in ("model_type", "architectures")}
+    )
+    hf_cfg._attn_implementation = "sdpa"
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(hf_cfg, torch_dtype=torch.bfloat16)
+    return model.eval().requires_grad_(False)
+
+
+@torch.inference_mode()
+def hf_system(model, reqs: list[ScoreRequest], prefix_cache: bool, seconds: float) -> dict:
+    """The best batch size's docs/s; each call's docs scored from the hidden state of their last
+    token (the LM head on those rows only, as the engine does)."""
+    device = next(model.parameters()).device
+    best = None
+    for bsz in HF_BATCHES:
+        _reset_peak(device)
+        try:
+            run = _hf_prefix if prefix_cache else _hf_naive
+            run(model, reqs[0], bsz, device)
+            sync(device)
+            docs, t0, k = 0, time.perf_counter(), 0
+            while time.perf_counter() - t0 < seconds / len(HF_BATCHES) or k < 2:
+                run(model, reqs[k % len(reqs)], bsz, device)
+                docs += len(reqs[k % len(reqs)].docs)
+                k += 1
+            sync(device)
+            rate = docs / (time.perf_counter() - t0)
+        except torch.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            continue
+        if best is None or rate > best["docs_s"]:
+            best = {"docs_s": rate, "batch": bsz, "peak_gib": _peak_gib(device)}
+    return best or {"error": "out of memory at every batch size"}
+
+
+def _last_rows(model, hidden: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+    rows = hidden[torch.arange(len(last), device=hidden.device), last]
+    return model.lm_head(model.model.norm(rows)).float().log_softmax(-1)[:, list(LABELS)]
+
+
+def _hf_naive(model, req: ScoreRequest, bsz: int, device) -> None:
+    seqs = [req.prompt_token_ids + d.token_ids for d in req.docs]
+    for i in range(0, len(seqs), bsz):
+        chunk = seqs[i : i + bsz]
+        width = max(map(len, chunk))
+        ids = torch.zeros(len(chunk), width, dtype=torch.long)
+        mask = torch.zeros(len(chunk), width, dtype=torch.long)
+        for r, s in enumerate(chunk):
+            ids[r, : len(s)] = torch.tensor(s)
+            mask[r, : len(s)] = 1
+        hidden = model.model(input_ids=ids.to(device), attention_mask=mask.to(device)).last_hidden_state
+        _last_rows(model, hidden, torch.tensor([len(s) - 1 for s in chunk], device=device))
+
+
+def _hf_prefix(model, req: ScoreRequest, bsz: int, device) -> None:
+    prompt = torch.tensor([req.prompt_token_ids], device=device)
+    cache = model.model(input_ids=prompt, use_cache=True).past_key_values
+    p = prompt.shape[1]
+    docs = [d.token_ids for d in req.docs]
+    for i in range(0, len(docs), bsz):
+        chunk = docs[i : i + bsz]
+        width = max(map(len, chunk))
+        ids = torch.zeros(len(chunk), width, dtype=torch.long)
+        mask = torch.ones(len(chunk), p + width, dtype=torch.long)
+        for r, s in enumerate(chunk):
+            ids[r, : len(s)] = torch.tensor(s)
+            mask[r, p + len(s) :] = 0
+        c = copy.deepcopy(cache)
+        c.batch_repeat_interleave(len(chunk))
+        out = model.model(input_ids=ids.to(device), attention_mask=mask.to(device), past_key_values=c)
+        _last_rows(model, out.last_hidden_state, torch.tensor([len(s) - 1 for s in chunk], device=device))
+
+
+def engine_for(cfg: dict, device: torch.device, kernels: str, budget: int) -> Engine:
+    """The serving configuration (FlashInfer, CUDA graphs); the torch reference on the CPU (smoke)."""
+    cuda = device.type == "cuda"
+    model = build_model(device, cfg["num_hidden_layers"], kernels if cuda else "torch", cfg)
+    mc = model.config
+    spec = HeadSpec(mc.num_heads, mc.num_kv_heads, mc.head_dim, torch.bfloat16, device)
+    if cuda:
+        from scorer.attention.flashinfer import FlashInferBackend
+
+        backend = FlashInferBackend(spec)
+    else:
+        backend = TorchBackend(spec)
+    runner = ModelRunner(model, backend, 16384 if cuda else 0)
+    runner.capture_graphs()
+    return Engine(runner, None, EngineConfig(max_tokens_per_pass=budget, auto_policy="calibrated"))
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=Path("out"))
+    ap.add_argument("--models", default="qwen3-0.6b,qwen3-8b")
+    ap.add_argument("--workloads", default="", help="comma-separated (default: every one of the model)")
+    ap.add_argument("--systems", default="", help="auto, auto@flashinfer, a scheme, hf_naive, hf_prefix")
+    ap.add_argument("--seconds", type=float, default=4.0, help="per system, at saturation")
+    ap.add_argument("--calls", type=int, default=64)
+    ap.add_argument("--budget", type=int, default=16384, help="tokens per batch, as the server's batcher")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--budget-s", type=float, default=1e9, help="no new record after this many seconds")
+    a = ap.parse_args(argv)
+    stop_at = time.monotonic() + a.budget_s
+    device = torch.device(a.device)
+    result = {**environment(device), "matmul_tflops": matmul_tflops(device), "records": []}
+    peak = result["matmul_tflops"] * 1e12
+    print(f"bf16 matmul 8192^3: {result['matmul_tflops']:.1f} TFLOP/s", flush=True)
+    print("| model | workload | system | docs/s | MFU | idle p50 ms | idle p95 ms | peak GiB |")
+    print("|---|---|---|---:|---:|---:|---:|---:|", flush=True)
+    for name in a.models.split(","):
+        cfg = MODELS[name]
+        default_systems = (
+            ("auto", "ragged", "multi_item", "hf_naive", "hf_prefix")
+            if name == "qwen3-8b"
+            else ("auto", "auto@flashinfer", *REGISTRY, "hf_naive", "hf_prefix")
+        )
+        systems = [s for s in (a.systems.split(",") if a.systems else default_systems) if s]
+        workloads = a.workloads.split(",") if a.workloads else DEFAULT[name]
+        engines: dict[str, object] = {}  # built on first use, kept for every workload
+        for w in workloads:
+            reqs = calls(w, a.calls, cfg["vocab_size"])
+            p = WORKLOADS[w][0]
+            per_doc = statistics.mean(
+                useful_flops(cfg, p, [len(d.token_ids) for d in r.docs]) / len(r.docs) for r in reqs
+            )
+            for system in systems:
+                rec = {"model": name, "workload": w, "system": system}
+                if time.monotonic() > stop_at:
+                    rec["skipped"] = "time budget of the run"
+                    result["records"].append(rec)
+                    continue
+                kernels = "hf" if system.startswith("hf_") else "flashinfer" if "@" in system else "fused"
+                try:
+                    if kernels not in engines:
+                        engines[kernels] = (
+                            hf_model(cfg, device)
+                            if kernels == "hf"
+                            else engine_for(cfg, device, kernels, a.budget)
+                        )
+                    if kernels == "hf":
+                        rec |= hf_system(engines[kernels], reqs, system == "hf_prefix", a.seconds)
+                    else:
+                        rec |= engine_system(
+                            engines[kernels], reqs, system.split("@")[0], a.seconds, a.budget
+                        )
+                except Exception as e:  # noqa: BLE001  (recorded; the run goes on)
+                    rec["error"] = f"{type(e).__name__}: {e}"[:300]
+                    torch.cuda.empty_cache()
+                if "docs_s" in rec:
+                    rec["mfu"] = rec["docs_s"] * per_doc / peak
+                    rec["roofline_docs_s"] = peak / per_doc
+                result["records"].append(rec)
+                write_json(a.out / "throughput.json", result)
+                print(_row(rec), flush=True)
+        engines.clear()
+        torch.cuda.empty_cache()
+
+
+def _row(r: dict) -> str:
+    if "docs_s" not in r:
+        why = r.get("error") or r.get("skipped", "?")
+        return f"| {r['model']} | {r['workload']} | {r['system']} | {why} | | | | |"
+    cells = [
+        f"{r['docs_s']:,.0f}",
+        f"{r['mfu']:.3f}",
+        f"{r.get('idle_p50_ms', math.nan):.1f}",
+        f"{r.get('idle_p95_ms', math.nan):.1f}",
+        f"{r.get('peak_gib', math.nan):.1f}",
+    ]
+    return f"| {r['model']} | {r['workload']} | {r['system']} | " + " | ".join(cells) + " |"
+
+
+if __name__ == "__main__":
+    main()
