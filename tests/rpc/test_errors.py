@@ -58,6 +58,8 @@ BAD_INPUTS = {
     "the same label id twice": (req(label_token_ids=[5, 5]), INVALID, "options.label_token_ids[1]"),
     "one label under softmax": (req(label_tokens=["yes"]), INVALID, "options.label_tokens"),
     "unknown special_tokens": (req(special_tokens="strip"), INVALID, "options.special_tokens"),
+    "doc over --max-doc-bytes": (req(docs=[pb.Doc(text="x" * (2**20 + 1))]), INVALID, "docs[0].text"),
+    "text over --max-request-bytes": (req(docs=[pb.Doc(text="y" * 2**20)] * 17), INVALID, "request"),
     "special_tokens and doc_special_tokens differ": (
         req(special_tokens="text", doc_special_tokens="parse"),
         INVALID,
