@@ -38,7 +38,7 @@ score: setup
 	$(VENV)/bin/scorer score --prompt "what is a shared prefix" --docs examples/docs.jsonl
 
 serve: setup
-	$(VENV)/bin/scorer serve $(SERVE_ARGS)
+	$(VENV)/bin/scorer serve --http-port 8080 $(SERVE_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -2,6 +2,9 @@
 
 Names are prefixed ``scorer_``, durations are in seconds, counters end in ``_total``; the
 standalone gRPC server and a Ray deployment import this module and so export the same names.
+The per-call families carry ``api``, the front end a call came through (``APIS``); their ``code``
+is the gRPC status name of the answer whatever the front end, so one dashboard and one set of
+alerts serve them all.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from prometheus_client import (
 REGISTRY = CollectorRegistry(auto_describe=True)
 ProcessCollector(namespace="scorer", registry=REGISTRY)
 
+APIS = ("grpc", "cohere", "jina", "tei")
+"""The ``api`` label: gRPC (the standalone server and Ray's gRPC proxy), or an HTTP rerank shape."""
 UNRESOLVED_SCHEME = "none"
 """The ``scheme`` label of a call that failed before its scheme was known."""
 
@@ -32,8 +37,8 @@ TOKEN_BUCKETS = tuple(2**k for k in range(6, 21))
 
 REQUEST_DURATION = Histogram(
     "scorer_request_duration_seconds",
-    "ScoreDocs latency from the call's arrival to its response, by concrete scheme and gRPC code.",
-    ["scheme", "code"],
+    "ScoreDocs latency from the call's arrival to its response, by front end, concrete scheme and gRPC code.",
+    ["api", "scheme", "code"],
     buckets=LATENCY_BUCKETS,
     registry=REGISTRY,
 )
@@ -46,14 +51,14 @@ STAGE_DURATION = Histogram(
 )
 REQUESTS = Counter(
     "scorer_requests_total",
-    "ScoreDocs calls answered, by concrete scheme and gRPC code.",
-    ["scheme", "code"],
+    "ScoreDocs calls answered, by front end, concrete scheme and gRPC code.",
+    ["api", "scheme", "code"],
     registry=REGISTRY,
 )
 ERRORS = Counter(
     "scorer_errors_total",
-    "ScoreDocs calls answered with a status other than OK, by gRPC code.",
-    ["code"],
+    "ScoreDocs calls answered with a status other than OK, by front end and gRPC code.",
+    ["api", "code"],
     registry=REGISTRY,
 )
 DROPPED = Counter(
@@ -132,11 +137,11 @@ MODEL_INFO = Gauge(
 )
 
 
-def observe_request(scheme: str, code: str, seconds: float) -> None:
-    REQUEST_DURATION.labels(scheme=scheme, code=code).observe(seconds)
-    REQUESTS.labels(scheme=scheme, code=code).inc()
+def observe_request(api: str, scheme: str, code: str, seconds: float) -> None:
+    REQUEST_DURATION.labels(api=api, scheme=scheme, code=code).observe(seconds)
+    REQUESTS.labels(api=api, scheme=scheme, code=code).inc()
     if code != "OK":
-        ERRORS.labels(code=code).inc()
+        ERRORS.labels(api=api, code=code).inc()
 
 
 def observe_usage(scheme: str, docs: int, tokens_computed: int, tokens_saved: int) -> None:

@@ -2,8 +2,12 @@
 
 Clients keep the ``scorer.v1.Scorer`` stub and point it at Ray's gRPC proxy; the proxy calls the
 deployment's ``ScoreDocs`` (and ``Check``, the standard ``grpc.health.v1`` health check) with the
-request proto. Batching, scores, status codes and trailers are those of ``scorer serve``; each
-replica serves the ``scorer_`` Prometheus metrics on its own port. See docs/ray.md.
+request proto. Through Serve's HTTP proxy the replica serves the HTTP rerank routes of
+``scorer serve --http-port`` (Cohere ``/v2/rerank``, Jina ``/v1/rerank``, TEI ``/rerank``,
+``/health``, ``/info``; under the application's route prefix): its FastAPI ingress is
+``server.http.build_app`` over the replica's handler. Batching, scores, status codes and trailers
+are those of ``scorer serve``; each replica serves the ``scorer_`` Prometheus metrics on its own
+port. See docs/ray.md.
 
     serve run deploy/ray/serve.yaml
     serve run scorer.ray_serve:build_app model=/models/Qwen3-Reranker-0.6B
@@ -26,6 +30,7 @@ from . import metrics
 from .server.app import LOG_FORMAT, SCORER_SERVICE
 from .server.calls import RequestIdFilter
 from .server.handler import CallHandler, Metadata
+from .server.http import build_app as build_http_app
 from .server.scoring import ScoringService, ready_engine
 from .settings import Settings, scorer_args_model
 from .v1 import scorer_pb2 as pb
@@ -53,6 +58,9 @@ ScorerArgs = scorer_args_model()
 class RayFront:
     """A call through Serve's gRPC proxy (``context``) or a deployment handle (None: failures raise).
     Ray's proxy does not pass the client's deadline on: ``call_timeout_s`` stands in for it."""
+
+    api = "grpc"
+    request_id = ""  # in the message
 
     def __init__(self, context: RayServegRPCContext | None, timeout_s: float | None) -> None:
         self.context = context
@@ -83,8 +91,10 @@ class RayFront:
     graceful_shutdown_wait_loop_s=2.0,
     graceful_shutdown_timeout_s=30.0,
 )
+@serve.ingress()
 class ScorerDeployment:
-    """One engine and one ScoringService per replica; ``ScoreDocs`` is the gRPC method."""
+    """One engine and one ScoringService per replica; ``ScoreDocs`` is the gRPC method, and the
+    HTTP rerank routes are its ingress (built once the replica is up)."""
 
     async def __init__(self, args: dict | None = None) -> None:
         self.settings = Settings(**ScorerArgs.model_validate(args or {}).model_dump())
@@ -120,6 +130,16 @@ class ScorerDeployment:
             else health_pb2.HealthCheckResponse.SERVING
         )
         return health_pb2.HealthCheckResponse(status=status)
+
+    def __serve_build_asgi_app__(self):
+        """The HTTP routes over this replica's handler; /health is 200 until the replica drains."""
+        return build_http_app(
+            self.handler,
+            serving=lambda: not self._closing,
+            api_key=self.settings.api_key,
+            default_timeout_s=self.settings.call_timeout_s,
+            echo_request_id=False,  # Serve's proxy answers with the call's id
+        )
 
     def metrics_port(self) -> int:
         """The port this replica's /metrics listens on; 0 when off."""

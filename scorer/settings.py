@@ -156,10 +156,19 @@ class Settings:
         256, "calls waiting beyond this are refused with RESOURCE_EXHAUSTED", check=at_least(1)
     )
     # the standalone server
-    host: str = setting("127.0.0.1", "address to listen on (gRPC and metrics)", scopes=(SERVE,))
+    host: str = setting("127.0.0.1", "address to listen on (gRPC, HTTP and metrics)", scopes=(SERVE,))
     port: int = setting(50051, "gRPC port (0: any free one)", scopes=(SERVE,), check=_port)
     metrics_port: int = setting(
         9464, "Prometheus /metrics port (Ray: the first one tried); 0: off", check=_port
+    )
+    http_port: int = setting(
+        0,
+        "HTTP rerank port: Cohere /v2/rerank, Jina /v1/rerank, TEI /rerank, /health, /info; 0: off",
+        scopes=(SERVE,),
+        check=_port,
+    )
+    api_key: str | None = setting(
+        None, "HTTP: require Authorization: Bearer KEY (default: no key asked)", metavar="KEY"
     )
     max_message_bytes: int = setting(64 * 2**20, "largest request or response message", scopes=(SERVE,))
     drain_seconds: float = setting(

@@ -202,8 +202,8 @@ def test_grpc_health_and_scorer_metrics(ray_scorer):
     with urllib.request.urlopen(ray_scorer.metrics_url, timeout=10) as r:
         text = r.read().decode()
 
-    assert 'scorer_requests_total{code="OK",scheme="naive"}' in text
-    assert 'scorer_requests_total{code="INVALID_ARGUMENT",scheme="none"}' in text
+    assert 'scorer_requests_total{api="grpc",code="OK",scheme="naive"}' in text
+    assert 'scorer_requests_total{api="grpc",code="INVALID_ARGUMENT",scheme="none"}' in text
     assert "scorer_ready 1.0" in text
     assert 'scorer_model_info{attention_backend="torch",attention_requested="auto",device="cpu"' in text
 

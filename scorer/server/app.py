@@ -3,7 +3,9 @@
 Start: the port opens at once with health NOT_SERVING; the model loads and is warmed up off the
 event loop; then health turns SERVING. SIGTERM (or SIGINT): health turns NOT_SERVING at once,
 calls are still served for ``--drain-seconds`` so load balancers can move away, then new calls
-are refused, calls in flight finish (up to ``--grace-seconds``), and the process exits 0.
+are refused, calls in flight finish (up to ``--grace-seconds``), and the process exits 0. With
+``--http-port`` the HTTP rerank routes (``http.py``) follow the same lifecycle on the same loop and
+handler: /health answers 503 until SERVING and again from the signal on.
 """
 
 from __future__ import annotations
@@ -112,7 +114,9 @@ async def serve(args: Settings) -> int:
         args.metrics_port or "off",
     )
     service: ScoringService | None = None
+    http = None
     try:
+        http = await _start_http(args, handler, signals)
         engine = await _load_or_stop(args, signals)
         if engine is not None:
             service = ScoringService(engine, args.batch_policy(), args.knobs())
@@ -122,9 +126,11 @@ async def serve(args: Settings) -> int:
             metrics.READY.set(1)
             log.info("SERVING %s", engine.model_name)
             await signals.stop.wait()
-        await _shut_down(args, server, health, inflight, signals)
+        await _shut_down(args, server, http, health, inflight, signals)
     finally:
         await server.stop(0)
+        if http is not None:
+            await http.stop()
         if service is not None:
             await service.close()
         if metrics_http is not None:
@@ -164,6 +170,29 @@ def scorer_handlers(servicer: ScorerServicer) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler(SCORER_SERVICE, {"ScoreDocs": score})
 
 
+async def _start_http(args: Settings, handler: CallHandler, signals: _Signals):
+    """The HTTP rerank routes on ``--http-port``, or None (then nothing of the HTTP stack is imported);
+    /health is 200 from the model's load to the first signal, as gRPC's health is SERVING."""
+    if not args.http_port:
+        return None
+    from .http import start_http
+
+    def serving() -> bool:
+        return handler.service is not None and not signals.stop.is_set()
+
+    try:
+        http = await start_http(handler, serving, args.host, args.http_port, args.api_key)
+    except OSError as e:
+        raise CannotListen(f"HTTP port {args.host}:{args.http_port}: {e.strerror}") from None
+    log.info(
+        "HTTP rerank on http://%s:%d (Cohere /v2/rerank, Jina /v1/rerank, TEI /rerank)%s",
+        args.host,
+        http.port,
+        "; API key required" if args.api_key else "",
+    )
+    return http
+
+
 async def _load_or_stop(args: Settings, signals: _Signals) -> Engine | None:
     """Load and warm the model on a thread; None when a signal came first."""
     loading = asyncio.ensure_future(asyncio.to_thread(ready_engine, args))
@@ -179,6 +208,7 @@ async def _load_or_stop(args: Settings, signals: _Signals) -> Engine | None:
 async def _shut_down(
     args: Settings,
     server: grpc.aio.Server,
+    http,
     health: health_aio.HealthServicer,
     inflight: Inflight,
     signals: _Signals,
@@ -190,12 +220,16 @@ async def _shut_down(
         await asyncio.wait_for(signals.hurry.wait(), args.drain_seconds)
     log.info("refusing new calls; %d in flight", inflight.count)
     stopping = asyncio.ensure_future(server.stop(args.grace_seconds))
+    if http is not None:  # stops listening; its calls in flight are in ``inflight`` too
+        stopping_http = asyncio.ensure_future(http.stop(args.grace_seconds))
     try:
         await asyncio.wait_for(_settled(inflight), args.grace_seconds)
     except TimeoutError:
         log.warning("calls still in flight after %.1f s; cancelling them", args.grace_seconds)
     await server.stop(0)  # ends what is left: health watches, or calls past the grace period
     await stopping
+    if http is not None:
+        await stopping_http
 
 
 async def _settled(inflight: Inflight) -> None:

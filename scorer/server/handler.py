@@ -1,12 +1,13 @@
 """One ScoreDocs call from any front end: the only place where a call is opened, answered,
 counted and logged, and where exceptions become status codes.
 
-A front end (the gRPC servicer, the Ray deployment) wraps its transport in a ``Front`` (deadline,
-trailers, how a failure is answered) and hands each call to ``CallHandler.score_docs``: it opens a
-``Call`` (request id for the logs, in-flight count), converts the proto, tokenizes, scores through
-the batcher and converts back; whatever is raised is answered with one status (INVALID_ARGUMENT
-naming the field, RESOURCE_EXHAUSTED for over-capacity, UNAVAILABLE while loading or draining,
-INTERNAL only for real faults, logged with the traceback), and the server keeps serving.
+A front end (the gRPC servicer, the Ray deployment, the HTTP rerank routes of ``http.py``) wraps
+its transport in a ``Front`` (deadline, trailers, how a failure is answered, its ``api`` label) and
+hands each call to ``CallHandler.score_docs``: it opens a ``Call`` (request id for the logs,
+in-flight count), converts the proto, tokenizes, scores through the batcher and converts back;
+whatever is raised is answered with one status (INVALID_ARGUMENT naming the field,
+RESOURCE_EXHAUSTED for over-capacity, UNAVAILABLE while loading or draining, INTERNAL only for
+real faults, logged with the traceback), and the server keeps serving.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import asyncio
 import logging
 import re
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 import grpc
@@ -62,6 +64,12 @@ def status_for(exc: Exception) -> tuple[grpc.StatusCode, str, Metadata]:
 class Front(Protocol):
     """What the handler needs of a transport."""
 
+    api: str
+    """The ``api`` label of the call's metrics (``metrics.APIS``)."""
+    request_id: str
+    """A request id the transport carries beside the message (HTTP's ``X-Request-Id``), checked
+    before the message is read; "" when none."""
+
     def deadline(self, started: float) -> float | None:
         """The call's deadline on ``time.monotonic``'s clock, or None."""
 
@@ -77,6 +85,9 @@ class Front(Protocol):
 
 
 class GrpcFront:
+    api = "grpc"
+    request_id = ""  # in the message
+
     def __init__(self, context: grpc.aio.ServicerContext) -> None:
         self.context = context
         remaining = context.time_remaining()
@@ -109,22 +120,23 @@ class CallHandler:
         self.max_message_bytes = max_message_bytes
         self.service: ScoringService | None = None
 
-    async def score_docs(self, request: bytes | pb.ScoreDocsRequest, front: Front) -> pb.ScoreDocsResponse:
+    async def score_docs(
+        self, request: bytes | pb.ScoreDocsRequest | Callable[[], pb.ScoreDocsRequest], front: Front
+    ) -> pb.ScoreDocsResponse:
         """One call; ``request`` as its bytes (parsed here, so garbage is INVALID_ARGUMENT and
-        counted) or parsed already (Ray's proxy parses)."""
+        counted), parsed already (Ray's proxy parses), or a function that builds it (HTTP: it
+        validates the body and raises InvalidInput naming the field, answered and counted here)."""
         call, token = open_call(SCORE_METHOD, "")  # a generated id until the call's own is checked
         trailers = ((REQUEST_ID_KEY, call.request_id),)
         code, message = grpc.StatusCode.OK, ""
         self.inflight.enter()
         try:
             front.set_trailers(trailers)
+            if front.request_id:
+                trailers = _adopt_request_id(front.request_id, call, front)
             request = self._parse(request)
             if request.request_id:
-                if not REQUEST_ID.fullmatch(request.request_id):
-                    raise InvalidInput("request_id", "at most 128 characters of A-Z a-z 0-9 . _ : -")
-                call.request_id = request.request_id
-                trailers = ((REQUEST_ID_KEY, call.request_id),)
-                front.set_trailers(trailers)
+                trailers = _adopt_request_id(request.request_id, call, front)
             return await self._score(request, call, front)
         except asyncio.CancelledError:
             code = front.cancelled_code()
@@ -137,7 +149,7 @@ class CallHandler:
         finally:
             seconds = time.monotonic() - call.started
             self.inflight.leave()
-            metrics.observe_request(call.scheme, code.name, seconds)
+            metrics.observe_request(front.api, call.scheme, code.name, seconds)
             log.info(
                 "%s %s scheme=%s %.1f ms%s",
                 SCORE_METHOD,
@@ -148,7 +160,9 @@ class CallHandler:
             )
             close_call(token)
 
-    def _parse(self, request: bytes | pb.ScoreDocsRequest) -> pb.ScoreDocsRequest:
+    def _parse(self, request) -> pb.ScoreDocsRequest:
+        if callable(request):
+            return request()
         if not isinstance(request, bytes):
             return request
         if self.max_message_bytes is not None and len(request) > self.max_message_bytes:
@@ -174,3 +188,13 @@ class CallHandler:
             tokenize_seconds,
             time.monotonic() - call.started,
         )
+
+
+def _adopt_request_id(request_id: str, call, front: Front) -> Metadata:
+    """The caller's request id for the call, its logs and its answer; raises InvalidInput on a bad one."""
+    if not REQUEST_ID.fullmatch(request_id):
+        raise InvalidInput("request_id", "at most 128 characters of A-Z a-z 0-9 . _ : -")
+    call.request_id = request_id
+    trailers = ((REQUEST_ID_KEY, call.request_id),)
+    front.set_trailers(trailers)
+    return trailers

@@ -1,0 +1,479 @@
+"""HTTP rerank endpoints in the shapes search and RAG clients already send, behind the same
+``CallHandler`` (so the same batcher and engine) as gRPC:
+
+    POST /v2/rerank  Cohere v2  {model, query, documents: [str], top_n?, max_tokens_per_doc?,
+                                 return_documents?} -> {id, results: [{index, relevance_score}], meta}
+    POST /v1/rerank  Jina       {model, query, documents: [str | {text}], top_n?, return_documents?}
+                                -> {model, usage: {total_tokens}, results: [{index, relevance_score,
+                                   document: {text}}]}
+    POST /rerank     TEI        {query, texts: [str], truncate?, truncation_direction?, raw_scores?,
+                                 return_text?} -> [{index, score, text?}]
+    GET  /health     200 while SERVING, else 503
+    GET  /info       the model, template, limits, schemes and versions
+
+A call scores as the gRPC call with ``prompt = query``, the template's default instruction and
+``scheme = auto``; results come best first. ``model`` and unknown fields are accepted and ignored.
+Each shape is a pydantic model and two functions: one to a ``ScoreDocsRequest``, one back from the
+``ScoreDocsResponse``. The body is validated inside the handler's call, so a bad body is answered,
+counted and logged like any bad call. An error is a JSON body ``{message, field, code, request_id}``
+(``code`` the gRPC status name, as in the metrics) with the HTTP status of ``http_status``.
+``X-Request-Id`` goes in and out; ``X-Timeout-Ms`` is the call's deadline. With an API key set,
+the POST routes and /info want ``Authorization: Bearer <key>`` (401 otherwise, before any work).
+
+``start_http`` serves the app with uvicorn on the running event loop (``scorer serve --http-port``);
+the Ray deployment serves ``build_app`` as its Serve ingress.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import hmac
+import importlib.metadata
+import math
+import re
+import socket
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import grpc
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
+
+from ..planning import AUTO, names
+from ..request import TEMPLATES, InvalidInput, ScoreOptions
+from ..v1 import scorer_pb2 as pb
+from .handler import REQUEST_ID_KEY, CallHandler, MessageTooLarge, Metadata
+
+COHERE_MAX_TOKENS_PER_DOC = 4096
+"""Cohere's default ``max_tokens_per_doc``."""
+STATUS = {
+    grpc.StatusCode.OK: 200,
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.CANCELLED: 499,  # the client closed the request
+    grpc.StatusCode.INTERNAL: 500,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+}
+SIZE_FIELDS = re.compile(r"docs(\[\d+\](\.text)?)?|prompt|request")
+"""Engine fields whose INVALID_ARGUMENT is a size (413): too many docs, a doc over its bytes or
+tokens, a query that leaves no room, a call over its bytes. The shapes refuse an empty query, no
+documents and an empty document (400) before the engine sees them."""
+
+
+# The three shapes. Strict: a number is not a string, "3" not an int; unknown fields are ignored.
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    model: str | None = None  # accepted and ignored: the served model answers
+
+
+class CohereRerank(_Body):
+    query: str
+    documents: list[str]
+    top_n: int | None = None
+    max_tokens_per_doc: int | None = None
+    return_documents: bool | None = None
+
+
+def _jina_text(doc: Any) -> Any:
+    return doc.get("text") if isinstance(doc, dict) else doc
+
+
+class JinaRerank(_Body):
+    query: str
+    documents: list[Annotated[str, BeforeValidator(_jina_text)]]  # a string or {"text": ...}
+    top_n: int | None = None
+    return_documents: bool | None = None
+
+
+class TeiRerank(_Body):
+    query: str
+    texts: list[str]
+    truncate: bool | None = None
+    truncation_direction: str | None = None
+    raw_scores: bool | None = None
+    return_text: bool | None = None
+
+
+def cohere_request(body: CohereRerank) -> pb.ScoreDocsRequest:
+    max_tokens = _positive(body.max_tokens_per_doc, "max_tokens_per_doc", COHERE_MAX_TOKENS_PER_DOC)
+    return _score_request(
+        body.query, body.documents, "documents", "doc_end", max_tokens, _positive(body.top_n, "top_n", 0)
+    )
+
+
+def cohere_response(body: CohereRerank, reply: pb.ScoreDocsResponse) -> dict:
+    results = [
+        {"index": r.index, "relevance_score": r.score}
+        | ({"document": {"text": body.documents[r.index]}} if body.return_documents else {})
+        for r in _best_first(reply)
+    ]
+    tokens = {"input_tokens": reply.usage.prompt_tokens + reply.usage.doc_tokens, "output_tokens": 0}
+    return {
+        "id": reply.request_id,
+        "results": results,
+        "meta": {"api_version": {"version": "2"}, "tokens": tokens},
+    }
+
+
+def jina_request(body: JinaRerank) -> pb.ScoreDocsRequest:
+    return _score_request(
+        body.query, body.documents, "documents", "doc_end", 0, _positive(body.top_n, "top_n", 0)
+    )
+
+
+def jina_response(body: JinaRerank, reply: pb.ScoreDocsResponse) -> dict:
+    documents = body.return_documents is not False  # Jina's default: true
+    results = [
+        {"index": r.index, "relevance_score": r.score}
+        | ({"document": {"text": body.documents[r.index]}} if documents else {})
+        for r in _best_first(reply)
+    ]
+    usage = {"total_tokens": reply.usage.prompt_tokens + reply.usage.doc_tokens}
+    return {"model": reply.model, "usage": usage, "results": results}
+
+
+def tei_request(body: TeiRerank) -> pb.ScoreDocsRequest:
+    direction = (body.truncation_direction or "right").lower()
+    if direction not in ("left", "right"):
+        raise InvalidInput("truncation_direction", "expected left or right")
+    if body.truncate and direction == "left":
+        raise InvalidInput(
+            "truncation_direction", "left (cutting a text's start) is not supported; use right"
+        )
+    truncate = "doc_end" if body.truncate else "error"
+    request = _score_request(body.query, body.texts, "texts", truncate, 0, 0)
+    request.options.return_label_logprobs = bool(body.raw_scores)
+    return request
+
+
+def tei_response(body: TeiRerank, reply: pb.ScoreDocsResponse) -> list[dict]:
+    return [
+        {"index": r.index, "score": log_odds(r.label_logprobs) if body.raw_scores else r.score}
+        | ({"text": body.texts[r.index]} if body.return_text else {})
+        for r in _best_first(reply)
+    ]
+
+
+def log_odds(label_logprobs) -> float:
+    """TEI's raw score: ``lp0 - logsumexp(the other labels)`` (``lp0 - lp1`` for two), whose sigmoid
+    is the softmax score P(label 0) over the labels."""
+    first, *others = label_logprobs
+    top = max(others)
+    return first - (top + math.log(sum(math.exp(x - top) for x in others)))
+
+
+@dataclass(frozen=True)
+class Shape:
+    api: str  # the metrics' api label
+    docs: str  # the name of its documents field
+    body: type[_Body]
+    to_request: Callable[[Any], pb.ScoreDocsRequest]
+    to_response: Callable[[Any, pb.ScoreDocsResponse], Any]
+
+
+SHAPES = {
+    "/v2/rerank": Shape("cohere", "documents", CohereRerank, cohere_request, cohere_response),
+    "/v1/rerank": Shape("jina", "documents", JinaRerank, jina_request, jina_response),
+    "/rerank": Shape("tei", "texts", TeiRerank, tei_request, tei_response),
+}
+
+
+def _score_request(
+    query: str, docs: list[str], field: str, truncate: str, max_doc_tokens: int, top_n: int
+) -> pb.ScoreDocsRequest:
+    if not query.strip():
+        raise InvalidInput("query", "empty query")
+    if not docs:
+        raise InvalidInput(field, "no documents to score")
+    for i, doc in enumerate(docs):
+        if not doc.strip():
+            raise InvalidInput(f"{field}[{i}]", "empty document")
+    options = pb.ScoreOptions(scheme=AUTO, truncate=truncate, max_doc_tokens=max_doc_tokens, top_n=top_n)
+    return pb.ScoreDocsRequest(prompt=query, docs=[pb.Doc(text=d) for d in docs], options=options)
+
+
+def _positive(value: int | None, field: str, default: int) -> int:
+    if value is None:
+        return default
+    if value < 1:
+        raise InvalidInput(field, f"{value} is not a positive integer")
+    return value
+
+
+def _best_first(reply: pb.ScoreDocsResponse) -> list[pb.DocScore]:
+    return sorted(reply.results, key=lambda r: -r.score)  # stable: ties in input order
+
+
+def _validated(shape: Shape, body: bytes) -> _Body:
+    """The body as the shape's model; InvalidInput naming the first bad field (``body`` when it
+    is not a JSON object)."""
+    try:
+        return shape.body.model_validate_json(body)
+    except ValidationError as e:
+        error = e.errors(include_url=False)[0]
+        if error["type"] == "json_invalid":
+            raise InvalidInput("body", f"not JSON ({error['ctx'].get('error', error['msg'])})") from None
+        field = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error["loc"]).lstrip(".")
+        message = "required" if error["type"] == "missing" else error["msg"]
+        raise InvalidInput(field or "body", message) from None
+
+
+# One call through the handler.
+
+
+class Failed(Exception):
+    """The handler's answer to a failed call, as the HTTP front raises it (gRPC's abort does too)."""
+
+    def __init__(self, code: grpc.StatusCode, message: str, field: str, status: int) -> None:
+        super().__init__(message)
+        self.code, self.message, self.field, self.status = code, message, field, status
+
+
+class HttpFront:
+    """One HTTP call: its request id and deadline from the headers (checked in ``check_headers``),
+    the request id the handler settles on, and failures raised as ``Failed``."""
+
+    def __init__(self, shape: Shape, headers: Mapping[str, str], default_timeout_s: float | None) -> None:
+        self.shape = shape
+        self.api = shape.api
+        self.arrived = time.monotonic()
+        self.request_id = headers.get("x-request-id", "")
+        self.answer_id = ""
+        self.timeout_s = default_timeout_s
+        self._bad_timeout = None
+        if (header := headers.get("x-timeout-ms")) is not None:
+            self.timeout_s = _seconds(header)
+            if self.timeout_s is None:
+                self._bad_timeout = header
+
+    def check_headers(self) -> None:
+        if self._bad_timeout is not None:
+            raise InvalidInput(
+                "X-Timeout-Ms", f"{self._bad_timeout!r} is not a positive number of milliseconds"
+            )
+
+    def deadline(self, started: float) -> float | None:
+        return None if self.timeout_s is None else self.arrived + self.timeout_s
+
+    def set_trailers(self, trailers: Metadata) -> None:
+        self.answer_id = dict(trailers)[REQUEST_ID_KEY]
+
+    def cancelled_code(self) -> grpc.StatusCode:
+        deadline = self.deadline(self.arrived)
+        expired = deadline is not None and time.monotonic() >= deadline - 1e-3
+        return grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
+
+    async def fail(self, code, message, trailers, exc) -> pb.ScoreDocsResponse:
+        raise Failed(code, *self._explain(code, message, exc)) from exc
+
+    def _explain(self, code: grpc.StatusCode, message: str, exc: Exception) -> tuple[str, str, int]:
+        """(message, field, HTTP status) in the API's terms."""
+        if isinstance(exc, MessageTooLarge):
+            return f"body: {message}", "body", 413
+        if not isinstance(exc, InvalidInput):
+            return message, "", STATUS.get(code, 500)
+        field = _http_field(exc.field, self.shape.docs)
+        detail = message.removeprefix(f"{exc.field}: ")
+        if self.api == "tei":
+            detail = detail.replace("set truncate=doc_end", 'set "truncate": true')
+        return f"{field}: {detail}", field, 413 if SIZE_FIELDS.fullmatch(exc.field) else 400
+
+
+def _seconds(ms: str) -> float | None:
+    """``X-Timeout-Ms`` in seconds; None when it is not a positive number."""
+    try:
+        value = float(ms)
+    except ValueError:
+        return None
+    return value / 1e3 if 0 < value < math.inf else None
+
+
+def _http_field(field: str, docs: str) -> str:
+    """An engine field in the API's terms: ``docs[3].text`` -> ``documents[3]``, ``prompt`` -> ``query``."""
+    if m := re.fullmatch(r"docs(\[\d+\])?(\.text)?", field):
+        return docs + (m.group(1) or "")
+    renamed = {
+        "prompt": "query",
+        "request_id": "X-Request-Id",
+        "options.top_n": "top_n",
+        "options.max_doc_tokens": "max_tokens_per_doc",
+    }
+    return renamed.get(field, field)
+
+
+def _error(
+    status: int, code: str, message: str, field: str, request_id: str = "", headers=None
+) -> JSONResponse:
+    body = {"message": message, "field": field, "code": code, "request_id": request_id}
+    return JSONResponse(body, status, headers=headers)
+
+
+def build_app(
+    handler: CallHandler,
+    serving: Callable[[], bool],
+    api_key: str | None = None,
+    default_timeout_s: float | None = None,
+    echo_request_id: bool = True,
+) -> FastAPI:
+    """The routes over ``handler``; ``serving()`` answers /health; ``default_timeout_s`` is the
+    deadline of a call without ``X-Timeout-Ms``. ``echo_request_id`` False: a proxy in front writes
+    the ``X-Request-Id`` answer header (Ray Serve's, which also puts its own id in the request's
+    header when the client sent none, so the call, its log lines and the answer share one id)."""
+    app = FastAPI(title="scorer", docs_url=None, redoc_url=None, openapi_url=None)
+
+    def id_header(request_id: str) -> dict | None:
+        return {"x-request-id": request_id} if echo_request_id and request_id else None
+
+    def authorized(request: Request) -> bool:
+        if api_key is None:
+            return True
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
+
+    def unauthorized() -> JSONResponse:
+        return _error(401, "UNAUTHENTICATED", "Authorization: Bearer <api key> required", "Authorization")
+
+    async def rerank(shape: Shape, request: Request) -> JSONResponse:
+        if not authorized(request):
+            return unauthorized()
+        front = HttpFront(shape, request.headers, default_timeout_s)
+        raw = await request.body()
+        parsed: list[_Body] = []
+
+        def build() -> pb.ScoreDocsRequest:
+            front.check_headers()
+            limit = handler.max_message_bytes
+            if limit is not None and len(raw) > limit:
+                raise MessageTooLarge(f"{len(raw)} bytes over --max-message-bytes {limit}")
+            parsed.append(_validated(shape, raw))
+            return shape.to_request(parsed[0])
+
+        remaining = None if front.timeout_s is None else front.arrived + front.timeout_s - time.monotonic()
+        try:
+            async with asyncio.timeout(remaining):
+                reply = await handler.score_docs(build, front)
+        except Failed as f:
+            return _error(
+                f.status, f.code.name, f.message, f.field, front.answer_id, id_header(front.answer_id)
+            )
+        except TimeoutError:  # cancelled at its deadline: the handler counted it DEADLINE_EXCEEDED
+            code = grpc.StatusCode.DEADLINE_EXCEEDED.name
+            message = "the deadline (X-Timeout-Ms) passed"
+            return _error(504, code, message, "", front.answer_id, id_header(front.answer_id))
+        return JSONResponse(shape.to_response(parsed[0], reply), headers=id_header(front.answer_id))
+
+    for path, shape in SHAPES.items():
+        app.add_api_route(path, functools.partial(rerank, shape), methods=["POST"], include_in_schema=False)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        ok = serving()
+        return JSONResponse({"status": "SERVING" if ok else "NOT_SERVING"}, 200 if ok else 503)
+
+    @app.get("/info")
+    async def info(request: Request) -> JSONResponse:
+        if not authorized(request):
+            return unauthorized()
+        if handler.service is None:
+            return _error(503, grpc.StatusCode.UNAVAILABLE.name, "the model is loading", "")
+        return JSONResponse(_info(handler))
+
+    return app
+
+
+def _info(handler: CallHandler) -> dict:
+    engine = handler.service.engine
+    limits = engine.limits
+    template = TEMPLATES[ScoreOptions.template]
+    versions = {p: _version(p) for p in ("scorer", "torch", "transformers", "fastapi", "uvicorn")}
+    return {
+        "model_id": engine.model_name,  # TEI's names first
+        "max_client_batch_size": limits.max_docs,
+        "max_input_length": limits.max_doc_tokens,
+        "max_batch_tokens": handler.service.batcher.policy.max_batch_tokens,
+        "auto_truncate": False,
+        "version": versions["scorer"],
+        "template": template.name,
+        "default_instruction": template.default_instruction,
+        "limits": dataclasses.asdict(limits),
+        "schemes": list(names()),
+        "apis": {shape.api: path for path, shape in SHAPES.items()},
+        "attention_backend": engine.runner.backend.name,
+        "device": str(engine.runner.device),
+        "versions": versions,
+    }
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
+# The standalone server: uvicorn on the running loop.
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self):
+        """The scorer's own signal handlers shut it down (and this server with it)."""
+        yield
+
+
+class HttpServer:
+    """uvicorn serving the app on the running event loop."""
+
+    def __init__(self, server: _Server, sock: socket.socket, task: asyncio.Task) -> None:
+        self._server, self._task = server, task
+        self.port: int = sock.getsockname()[1]
+
+    async def stop(self, grace_s: float = 0.0) -> None:
+        """Stop listening and close idle connections; calls in flight finish for up to ``grace_s``
+        seconds, then are cancelled. Idempotent."""
+        if not self._server.should_exit:
+            self._server.config.timeout_graceful_shutdown = grace_s
+            self._server.should_exit = True
+        await asyncio.shield(self._task)
+
+
+async def start_http(
+    handler: CallHandler,
+    serving: Callable[[], bool],
+    host: str,
+    port: int,
+    api_key: str | None = None,
+    default_timeout_s: float | None = None,
+) -> HttpServer:
+    """Serve the rerank routes on ``host:port`` (0: a free port, see ``.port``) on this event loop;
+    raises OSError when the port cannot be bound."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.create_server((host, port), family=family)
+    config = uvicorn.Config(
+        build_app(handler, serving, api_key, default_timeout_s),
+        log_config=None,
+        log_level=None,
+        access_log=False,
+        lifespan="off",
+    )
+    server = _Server(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        if task.done():
+            sock.close()
+            task.result()
+            raise RuntimeError("the HTTP server stopped while starting")
+        await asyncio.sleep(0.005)
+    return HttpServer(server, sock, task)

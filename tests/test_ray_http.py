@@ -1,0 +1,193 @@
+"""The Ray deployment's HTTP ingress: one replica on a local Ray, the rerank routes through Serve's
+HTTP proxy (under the application's route prefix) with the real Cohere SDK and plain HTTP: scores
+as the engine alone and as Ray's gRPC proxy, errors by field, request ids, health, metrics by api."""
+
+from __future__ import annotations
+
+import math
+import random
+import socket
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import cohere
+import grpc
+import httpx
+import pytest
+import ray
+from prometheus_client.parser import text_string_to_metric_families
+from ray import serve
+
+from scorer.engine import Engine
+from scorer.models.tiny import ensure_tiny_model
+from scorer.ray_serve import ScorerArgs, build_app, grpc_options
+from scorer.request import Doc, ScoreOptions, ScoreRequest
+from scorer.runtime import build_engine
+from scorer.v1 import scorer_pb2 as pb
+from scorer.v1 import scorer_pb2_grpc
+
+TOLERANCE = 1e-4
+APP = "scorer"
+QUERY = "which passage explains prefix caching"
+DOCS = [
+    "the prompt is computed once and its keys and values are shared",
+    "bread rises when yeast ferments",
+    "cascade attention merges a shared level and a unique level",
+]
+
+
+def _free_port() -> int:
+    """A free port below the ephemeral range and above Ray's worker ports (see test_ray_serve)."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for port in random.sample(range(20000, max(low, 20100)), 100):
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
+
+
+@dataclass
+class RayHttp:
+    url: str  # the application's prefix on Serve's HTTP proxy
+    grpc_target: str
+    metrics_url: str
+
+    def post(self, path: str, body: dict, headers=None) -> httpx.Response:
+        return httpx.post(self.url + path, json=body, headers=headers, timeout=60)
+
+    def metric(self, name: str, **labels: str) -> float:
+        with urllib.request.urlopen(self.metrics_url, timeout=10) as r:
+            text = r.read().decode()
+        return sum(
+            s.value
+            for f in text_string_to_metric_families(text)
+            for s in f.samples
+            if s.name == name and labels.items() <= s.labels.items()
+        )
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return ensure_tiny_model(tmp_path_factory.mktemp("scorer-cache"))
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir: Path) -> Engine:
+    return build_engine(model_dir, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def ray_http(model_dir: Path) -> Iterator[RayHttp]:
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")  # a busy 2-core runner (test_ray_serve)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    http_port, grpc_port, metrics_port = _free_port(), _free_port(), _free_port()
+    try:
+        serve.start(
+            http_options={"host": "127.0.0.1", "port": http_port}, grpc_options=grpc_options(grpc_port)
+        )
+        args = ScorerArgs(
+            model=str(model_dir),
+            device="cpu",
+            max_wait_ms=50,
+            metrics_host="127.0.0.1",
+            metrics_port=metrics_port,
+        )
+        handle = serve.run(build_app(args), name=APP, route_prefix="/scorer")
+        port = handle.metrics_port.remote().result()
+        scorer = RayHttp(
+            f"http://127.0.0.1:{http_port}/scorer",
+            f"127.0.0.1:{grpc_port}",
+            f"http://127.0.0.1:{port}/metrics",
+        )
+        _wait_for_health(scorer)
+        yield scorer
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def _wait_for_health(scorer: RayHttp, timeout_s: float = 30.0) -> None:
+    """Until the HTTP proxy routes to the application (a moment after serve.run)."""
+    give_up = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(scorer.url + "/health", timeout=10).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < give_up, "the HTTP proxy never routed to the application"
+        time.sleep(0.1)
+
+
+def _solo(engine: Engine, **options) -> list[float]:
+    request = ScoreRequest(QUERY, [Doc(d) for d in DOCS], options=ScoreOptions(**options))
+    return [d.score for d in engine.score(request).results]
+
+
+def _best_first(scores: list[float]) -> list[int]:
+    return sorted(range(len(scores)), key=lambda i: -scores[i])
+
+
+@pytest.mark.slow
+def test_the_cohere_sdk_through_serves_http_proxy_gets_the_grpc_scores(ray_http, engine):
+    want = _solo(engine, truncate="doc_end", max_doc_tokens=4096)
+    request = pb.ScoreDocsRequest(prompt=QUERY, docs=[pb.Doc(text=d) for d in DOCS])
+    with grpc.insecure_channel(ray_http.grpc_target) as channel:
+        through_grpc = scorer_pb2_grpc.ScorerStub(channel).ScoreDocs(
+            request, metadata=(("application", APP),)
+        )
+
+    reply = cohere.ClientV2(api_key="x", base_url=ray_http.url).rerank(
+        model="rerank-v3.5", query=QUERY, documents=DOCS, top_n=2
+    )
+
+    assert [r.score for r in through_grpc.results] == pytest.approx(want, abs=TOLERANCE)
+    assert [r.index for r in reply.results] == _best_first(want)[:2]
+    assert [r.relevance_score for r in reply.results] == pytest.approx(
+        sorted(want, reverse=True)[:2], abs=TOLERANCE
+    )
+
+
+@pytest.mark.slow
+def test_jina_and_tei_shapes_through_serves_http_proxy(ray_http, engine):
+    want = _solo(engine, truncate="doc_end")
+
+    jina = ray_http.post("/v1/rerank", {"model": "m", "query": QUERY, "documents": DOCS})
+    tei = ray_http.post("/rerank", {"query": QUERY, "texts": DOCS, "raw_scores": True, "return_text": True})
+
+    assert jina.status_code == 200, jina.text
+    results = jina.json()["results"]
+    assert [set(r) for r in results] == [{"index", "relevance_score", "document"}] * len(DOCS)
+    assert [r["index"] for r in results] == _best_first(want)
+    assert [r["relevance_score"] for r in results] == pytest.approx(sorted(want, reverse=True), abs=TOLERANCE)
+    assert [r["index"] for r in tei.json()] == _best_first(want)
+    for r in tei.json():
+        assert 1 / (1 + math.exp(-r["score"])) == pytest.approx(want[r["index"]], abs=1e-5)
+        assert r["text"] == DOCS[r["index"]]
+
+
+@pytest.mark.slow
+def test_errors_request_ids_health_info_and_metrics_through_serves_http_proxy(ray_http, engine):
+    bad = ray_http.post(
+        "/v2/rerank", {"query": QUERY, "documents": ["a", ""]}, headers={"X-Request-Id": "ray-http-1"}
+    )
+    good = ray_http.post(
+        "/v2/rerank", {"query": QUERY, "documents": DOCS}, headers={"X-Request-Id": "ray-http-2"}
+    )
+
+    assert bad.status_code == 400 and bad.json()["field"] == "documents[1]", bad.text
+    assert bad.json()["request_id"] == "ray-http-1" and bad.headers["x-request-id"] == "ray-http-1"
+    assert good.json()["id"] == "ray-http-2" and good.headers["x-request-id"] == "ray-http-2"
+    plain = ray_http.post("/v2/rerank", {"query": QUERY, "documents": DOCS})  # the id is Serve's proxy's
+    assert plain.headers["x-request-id"] == plain.json()["id"] and "," not in plain.json()["id"]
+    assert httpx.get(ray_http.url + "/health").json() == {"status": "SERVING"}
+    assert httpx.get(ray_http.url + "/info").json()["model_id"] == engine.model_name
+    assert ray_http.metric("scorer_requests_total", api="cohere", code="OK") >= 1
+    assert ray_http.metric("scorer_requests_total", api="cohere", code="INVALID_ARGUMENT") >= 1
