@@ -1,5 +1,6 @@
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -11,3 +12,11 @@ settings.register_profile(
 )
 settings.register_profile("dev", max_examples=200, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(scope="session")
+def ray_app(tmp_path_factory):
+    """One local Ray with the scorer application, shared by every Ray test (tests/ray_app.py)."""
+    from ray_app import start
+
+    yield from start(tmp_path_factory)

@@ -5,25 +5,17 @@ as the engine alone and as Ray's gRPC proxy, errors by field, request ids, healt
 from __future__ import annotations
 
 import math
-import random
-import socket
-import time
 import urllib.request
-from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import cohere
 import grpc
 import httpx
 import pytest
-import ray
 from prometheus_client.parser import text_string_to_metric_families
-from ray import serve
+from ray_app import RayApp
 
 from scorer.engine import Engine
-from scorer.models.tiny import ensure_tiny_model
-from scorer.ray_serve import ScorerArgs, build_app, grpc_options
 from scorer.request import Doc, ScoreOptions, ScoreRequest
 from scorer.runtime import build_engine
 from scorer.v1 import scorer_pb2 as pb
@@ -37,19 +29,6 @@ DOCS = [
     "bread rises when yeast ferments",
     "cascade attention merges a shared level and a unique level",
 ]
-
-
-def _free_port() -> int:
-    """A free port below the ephemeral range and above Ray's worker ports (see test_ray_serve)."""
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    for port in random.sample(range(20000, max(low, 20100)), 100):
-        with socket.socket() as s:
-            try:
-                s.bind(("0.0.0.0", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port below the ephemeral range")
 
 
 @dataclass
@@ -73,57 +52,13 @@ class RayHttp:
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return ensure_tiny_model(tmp_path_factory.mktemp("scorer-cache"))
+def engine(ray_app: RayApp) -> Engine:
+    return build_engine(ray_app.model_dir, device="cpu")
 
 
 @pytest.fixture(scope="module")
-def engine(model_dir: Path) -> Engine:
-    return build_engine(model_dir, device="cpu")
-
-
-@pytest.fixture(scope="module")
-def ray_http(model_dir: Path) -> Iterator[RayHttp]:
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")  # a busy 2-core runner (test_ray_serve)
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    http_port, grpc_port, metrics_port = _free_port(), _free_port(), _free_port()
-    try:
-        serve.start(
-            http_options={"host": "127.0.0.1", "port": http_port}, grpc_options=grpc_options(grpc_port)
-        )
-        args = ScorerArgs(
-            model=str(model_dir),
-            device="cpu",
-            max_wait_ms=50,
-            metrics_host="127.0.0.1",
-            metrics_port=metrics_port,
-        )
-        handle = serve.run(build_app(args), name=APP, route_prefix="/scorer")
-        port = handle.metrics_port.remote().result()
-        scorer = RayHttp(
-            f"http://127.0.0.1:{http_port}/scorer",
-            f"127.0.0.1:{grpc_port}",
-            f"http://127.0.0.1:{port}/metrics",
-        )
-        _wait_for_health(scorer)
-        yield scorer
-    finally:
-        serve.shutdown()
-        ray.shutdown()
-
-
-def _wait_for_health(scorer: RayHttp, timeout_s: float = 30.0) -> None:
-    """Until the HTTP proxy routes to the application (a moment after serve.run)."""
-    give_up = time.monotonic() + timeout_s
-    while True:
-        try:
-            if httpx.get(scorer.url + "/health", timeout=10).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < give_up, "the HTTP proxy never routed to the application"
-        time.sleep(0.1)
+def ray_http(ray_app: RayApp) -> RayHttp:
+    return RayHttp(ray_app.http_url, ray_app.grpc_target, ray_app.metrics_url)
 
 
 def _solo(engine: Engine, **options) -> list[float]:

@@ -3,9 +3,6 @@ real stub, scores as the engine alone, bad input as INVALID_ARGUMENT, the scorer
 
 from __future__ import annotations
 
-import random
-import socket
-import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -13,17 +10,14 @@ from pathlib import Path
 
 import grpc
 import pytest
-import ray
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
-from ray import serve
-from ray.serve.generated import serve_pb2, serve_pb2_grpc
 from ray.serve.schema import ServeDeploySchema
+from ray_app import RayApp
 
 from scorer.engine import Engine
-from scorer.models.tiny import ensure_tiny_model
-from scorer.ray_serve import GRPC_SERVICER_FUNCTIONS, ScorerArgs, build_app, grpc_options
+from scorer.ray_serve import GRPC_SERVICER_FUNCTIONS, ScorerArgs
 from scorer.request import Doc, ScoreOptions, ScoreRequest
 from scorer.runtime import build_engine
 from scorer.v1 import scorer_pb2 as pb
@@ -40,20 +34,6 @@ DOCS = (
 )
 
 
-def _free_port() -> int:
-    """A free port below the ephemeral range and above Ray's worker ports (10002-19999): Ray's own
-    processes bind ephemeral ports while starting and would race for one picked from there."""
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    for port in random.sample(range(20000, max(low, 20100)), 100):
-        with socket.socket() as s:
-            try:
-                s.bind(("0.0.0.0", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port below the ephemeral range")
-
-
 @dataclass
 class RayScorer:
     channel: grpc.Channel
@@ -64,8 +44,8 @@ class RayScorer:
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return ensure_tiny_model(tmp_path_factory.mktemp("scorer-cache"))
+def model_dir(ray_app: RayApp) -> Path:
+    return ray_app.model_dir
 
 
 @pytest.fixture(scope="module")
@@ -74,48 +54,9 @@ def engine(model_dir: Path) -> Engine:
 
 
 @pytest.fixture(scope="module")
-def ray_scorer(model_dir: Path) -> Iterator[RayScorer]:
-    with pytest.MonkeyPatch.context() as env:
-        # A busy 2-core runner can starve the proxy's start past Ray's 5 s ready check (it is then
-        # killed and restarted, and serve.run fails); Ray's processes inherit this from the driver.
-        env.setenv("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    grpc_port, metrics_port = _free_port(), _free_port()
-    try:
-        serve.start(
-            http_options={"host": "127.0.0.1", "port": _free_port()}, grpc_options=grpc_options(grpc_port)
-        )
-        args = ScorerArgs(
-            model=str(model_dir),
-            device="cpu",
-            max_wait_ms=50,
-            metrics_host="127.0.0.1",
-            metrics_port=metrics_port,
-        )
-        handle = serve.run(build_app(args), name=APP, route_prefix="/scorer")
-        port = handle.metrics_port.remote().result()
-        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
-            _wait_for_route(channel, APP)
-            yield RayScorer(channel, f"http://127.0.0.1:{port}/metrics")
-    finally:
-        serve.shutdown()
-        ray.shutdown()
-
-
-def _wait_for_route(channel: grpc.Channel, app: str, timeout_s: float = 30.0) -> None:
-    """Until the proxy routes to ``app``: it learns of a new application a moment after serve.run."""
-    routes = serve_pb2_grpc.RayServeAPIServiceStub(channel)
-    give_up = time.monotonic() + timeout_s
-    while True:
-        try:
-            listed = routes.ListApplications(serve_pb2.ListApplicationsRequest(), timeout=10)
-            if app in listed.application_names:
-                return
-        except grpc.RpcError as e:
-            if e.code() != grpc.StatusCode.UNAVAILABLE:  # "Route table is not populated yet."
-                raise
-        assert time.monotonic() < give_up, f"the gRPC proxy never routed to {app!r}"
-        time.sleep(0.1)
+def ray_scorer(ray_app: RayApp) -> Iterator[RayScorer]:
+    with grpc.insecure_channel(ray_app.grpc_target) as channel:
+        yield RayScorer(channel, ray_app.metrics_url)
 
 
 def _metrics(ray_scorer: RayScorer) -> dict[str, float]:
