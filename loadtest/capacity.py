@@ -2,6 +2,7 @@
 open-loop rates and then closed loop, with the driver's CPU time per call.
 
     python -m loadtest.capacity --rates 1000,2000,3000,4000 --duration 3 --out capacity.json
+    python -m loadtest.capacity --api cohere --rates 250,500,1000 [--http-client httpx]   (HTTP mode)
 
 A closed-loop second warms the stub up first. A rate counts as sustained when the calls succeeded,
 the achieved rate is within 3% of it, the driver's p99 lag behind its schedule stayed under 10 ms
@@ -25,7 +26,8 @@ from pathlib import Path
 
 from scorer.v1 import scorer_pb2
 
-from .driver import Call, DriveConfig, compile_calls, drive
+from . import http_api
+from .driver import APIS, Call, DriveConfig, compile_calls, drive
 from .stats import LAG_BEHIND_S, summarize
 
 SUSTAINED_FRACTION = 0.97
@@ -35,9 +37,11 @@ WARMUP_S = 1.0  # a fresh stub answers slowly for its first second or two
 
 
 @contextmanager
-def stub_server(*args: str, host: str = "127.0.0.1") -> Iterator[tuple[str, str | None]]:
-    """Yield the stub's target and its /metrics URL (None unless ``--metrics-port`` is in ``args``)."""
+def stub_server(*args: str, host: str = "127.0.0.1", http: bool = False) -> Iterator[tuple[str, str | None]]:
+    """Yield the stub's target and its /metrics URL (None unless ``--metrics-port`` is in ``args``);
+    ``http``: the target of its HTTP rerank routes instead of its gRPC port."""
     cmd = [sys.executable, "-m", "loadtest.stub", "--host", host, "--port", "0", "--lifetime-s", "900", *args]
+    cmd += ["--http-port", "0"] if http else []
     root = Path(__file__).resolve().parents[1]
     env = {
         **os.environ,
@@ -45,7 +49,7 @@ def stub_server(*args: str, host: str = "127.0.0.1") -> Iterator[tuple[str, str 
     }
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
-        target, metrics_url = None, None
+        target, http_target, metrics_url = None, None, None
         deadline = time.monotonic() + STUB_START_S
         while target is None and time.monotonic() < deadline:
             line = proc.stdout.readline() if proc.stdout else ""
@@ -53,11 +57,13 @@ def stub_server(*args: str, host: str = "127.0.0.1") -> Iterator[tuple[str, str 
                 raise RuntimeError(f"stub exited with {proc.wait()}")
             if m := re.match(r"metrics on (\S+)", line):
                 metrics_url = m.group(1)
+            if m := re.match(r"stub http on (\S+)", line):
+                http_target = m.group(1)
             if m := re.match(r"stub listening on (\S+)", line):
                 target = m.group(1)
         if target is None:
             raise TimeoutError(f"stub not listening after {STUB_START_S} s")
-        yield target, metrics_url
+        yield (http_target if http else target), metrics_url
     finally:
         proc.terminate()
         try:
@@ -77,6 +83,19 @@ def tiny_calls(n: int = 64) -> list[Call]:
         for i in range(n)
     ]
     return compile_calls(reqs)
+
+
+def tiny_text_calls(api: str, n: int = 64) -> list[Call]:
+    """The same shape in text, for an HTTP api (the rerank shapes take no token ids)."""
+    reqs = [
+        scorer_pb2.ScoreDocsRequest(
+            prompt="w40 w41 w42 w43",
+            docs=[scorer_pb2.Doc(id="d0", text="w44 w45 w46 w47")],
+            request_id=f"cap-{i}",
+        )
+        for i in range(n)
+    ]
+    return http_api.compile_calls(reqs, api)
 
 
 def _cpu_s() -> float:
@@ -114,14 +133,26 @@ def measure(target: str, cfg_kw: dict, calls: list[Call]) -> dict:
     return out
 
 
-def run(rates: list[float], duration_s: float, concurrency: int, stub_args: tuple[str, ...] = ()) -> dict:
-    calls = tiny_calls()
-    with stub_server(*stub_args) as (target, _):
-        drive(DriveConfig(target=target, duration_s=WARMUP_S, concurrency=16, progress_s=0.0), calls)
-        steps = [measure(target, {"rate": r, "duration_s": duration_s}, calls) for r in rates]
-        closed = measure(target, {"concurrency": concurrency, "duration_s": duration_s}, calls)
+def run(
+    rates: list[float],
+    duration_s: float,
+    concurrency: int,
+    stub_args: tuple[str, ...] = (),
+    api: str = "grpc",
+    http_client: str = "",
+) -> dict:
+    """``api``: gRPC (the default) or an HTTP rerank shape, against the stub's HTTP routes."""
+    http = api != "grpc"
+    calls = tiny_text_calls(api) if http else tiny_calls()
+    kw = {"api": api, "http_client": http_api.resolve_client(http_client)} if http else {}
+    with stub_server(*stub_args, http=http) as (target, _):
+        drive(DriveConfig(target=target, duration_s=WARMUP_S, concurrency=16, progress_s=0.0, **kw), calls)
+        steps = [measure(target, {"rate": r, "duration_s": duration_s, **kw}, calls) for r in rates]
+        closed = measure(target, {"concurrency": concurrency, "duration_s": duration_s, **kw}, calls)
     sustained = [s["rate"] for s in steps if s["sustained"]]
     return {
+        "api": api,
+        **({"http_client": kw["http_client"]} if http else {}),
         "cpus": len(os.sched_getaffinity(0)),
         "duration_s": duration_s,
         "open_loop": steps,
@@ -136,8 +167,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=3.0)
     p.add_argument("--concurrency", type=int, default=64, help="closed-loop step")
     p.add_argument("--out", type=Path, help="also write the result as JSON here")
+    p.add_argument("--api", choices=APIS, default="grpc", help="gRPC, or an HTTP rerank shape")
+    p.add_argument("--http-client", choices=http_api.CLIENTS, help="HTTP: default aiohttp where installed")
     args = p.parse_args(argv)
-    result = run([float(r) for r in args.rates.split(",")], args.duration, args.concurrency)
+    result = run(
+        [float(r) for r in args.rates.split(",")],
+        args.duration,
+        args.concurrency,
+        api=args.api,
+        http_client=args.http_client or "",
+    )
     for s in result["open_loop"]:
         print(
             f"rate {s['rate']:>7g}/s: achieved {s['achieved_rps']:>7.1f}/s  "
@@ -150,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         f"closed loop x{c['concurrency']}: {c['achieved_rps']:.1f}/s  p99 {c['latency_p99_ms']:.2f} ms  "
         f"driver {c['driver_cpu_us_per_call']:.1f} us CPU/call"
     )
-    print(f"max sustained open-loop rate on {result['cpus']} CPUs: {result['max_sustained_rps']}")
+    over = "" if args.api == "grpc" else f" ({args.api} over {result['http_client']})"
+    print(f"max sustained open-loop rate{over} on {result['cpus']} CPUs: {result['max_sustained_rps']}")
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
     return 0

@@ -1,4 +1,5 @@
-"""The asyncio gRPC driver: open loop (Poisson or constant arrivals) or closed loop (fixed concurrency).
+"""The asyncio driver: open loop (Poisson or constant arrivals) or closed loop (fixed concurrency), over
+gRPC here or over HTTP/1.1 to a rerank API (``http_api.HttpDriver``, ``DriveConfig.api``).
 
 In open loop every call has a scheduled send time; its latency runs from that time, not from when the
 driver got round to sending it, so a slow server or a slow driver cannot hide queueing (no coordinated
@@ -20,6 +21,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from scorer.v1 import scorer_pb2
 
 METHOD = "/scorer.v1.Scorer/ScoreDocs"
+APIS = ("grpc", "cohere", "jina", "tei")
+"""What a run talks: gRPC ScoreDocs, or one of the HTTP rerank shapes (the server's ``api`` label)."""
 MAX_DURATION_S = 24 * 3600.0
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 _LAT_EDGES = np.geomspace(1e-5, 1e3, 801)  # progress p99: 8 decades, 100 bins each (2.3% wide)
@@ -58,8 +61,13 @@ class DriveConfig:
     connect_timeout_s: float = 10.0
     progress_s: float = 1.0
     label: str = ""
+    api: str = "grpc"
+    api_key: str | None = None  # HTTP: sent as Authorization: Bearer
+    http_client: str = ""  # HTTP: aiohttp or httpx ("": aiohttp where installed)
 
     def validate(self) -> None:
+        if self.api not in APIS:
+            raise ValueError(f"api must be one of {', '.join(APIS)}, not {self.api!r}")
         if (self.rate > 0) == (self.concurrency > 0):
             raise ValueError("give exactly one of a rate (open loop) or a concurrency (closed loop)")
         if not 0 < self.duration_s <= MAX_DURATION_S:
@@ -119,28 +127,7 @@ class Driver:
         self._hist_upto = 0
 
     async def run(self) -> Samples:
-        options = [
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.use_local_subchannel_pool", 1),
-        ]
-        channels = [
-            grpc.aio.insecure_channel(self.cfg.target, options=options) for _ in range(self.cfg.channels)
-        ]
-        try:
-            for ch in channels:
-                await asyncio.wait_for(ch.channel_ready(), self.cfg.connect_timeout_s)
-            await asyncio.wait_for(_serving(channels[0]), self.cfg.connect_timeout_s)
-        except TimeoutError as e:
-            for ch in channels:
-                await ch.close()
-            raise ConnectionError(
-                f"{self.cfg.target} not connected and SERVING within {self.cfg.connect_timeout_s:g} s"
-            ) from e
-        self.methods = [
-            ch.unary_unary(METHOD, response_deserializer=scorer_pb2.ScoreDocsResponse.FromString)
-            for ch in channels
-        ]
+        await self._connect()
         self.loop = asyncio.get_running_loop()
         self.t0 = self.loop.time() + 0.01
         progress = asyncio.create_task(self._progress()) if self.cfg.progress_s > 0 else None
@@ -152,9 +139,36 @@ class Driver:
             if progress:
                 progress.cancel()
                 self._print_progress()
-            for ch in channels:
-                await ch.close()
+            await self._disconnect()
         return self.s
+
+    async def _connect(self) -> None:
+        """Open the connections and wait until the server is SERVING (ConnectionError if not in time)."""
+        options = [
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.use_local_subchannel_pool", 1),
+        ]
+        self._channels = [
+            grpc.aio.insecure_channel(self.cfg.target, options=options) for _ in range(self.cfg.channels)
+        ]
+        try:
+            for ch in self._channels:
+                await asyncio.wait_for(ch.channel_ready(), self.cfg.connect_timeout_s)
+            await asyncio.wait_for(_serving(self._channels[0]), self.cfg.connect_timeout_s)
+        except TimeoutError as e:
+            await self._disconnect()
+            raise ConnectionError(
+                f"{self.cfg.target} not connected and SERVING within {self.cfg.connect_timeout_s:g} s"
+            ) from e
+        self.methods = [
+            ch.unary_unary(METHOD, response_deserializer=scorer_pb2.ScoreDocsResponse.FromString)
+            for ch in self._channels
+        ]
+
+    async def _disconnect(self) -> None:
+        for ch in self._channels:
+            await ch.close()
 
     async def _call(self, idx: int, due: float) -> None:
         c = self.calls[idx % len(self.calls)]
@@ -272,4 +286,9 @@ def _hist_quantile(hist: np.ndarray, q: float) -> float:
 
 
 def drive(cfg: DriveConfig, calls: Sequence[Call]) -> Samples:
-    return asyncio.run(Driver(cfg, calls).run())
+    """One run; ``calls`` from ``compile_calls`` (gRPC) or ``http_api.compile_calls`` (``cfg.api``)."""
+    if cfg.api == "grpc":
+        return asyncio.run(Driver(cfg, calls).run())
+    from .http_api import HttpDriver  # imports the HTTP client only for an HTTP run
+
+    return asyncio.run(HttpDriver(cfg, calls).run())

@@ -1,6 +1,8 @@
 """The server's own counts from its Prometheus ``/metrics``, and their reconciliation with the client's.
 
-The names are the scorer's (scorer/metrics.py); the stub server exports the same ones.
+The names are the scorer's (scorer/metrics.py); the stub server exports the same ones. Calls and errors
+are counted for one front end (``api``: grpc, cohere, jina or tei), samples without an ``api`` label
+(a server from before it) for any; docs scored, refusals and calls in flight have no such label.
 """
 
 from __future__ import annotations
@@ -12,8 +14,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-REQUESTS = "scorer_requests_total"  # labels scheme (concrete), code
-ERRORS = "scorer_errors_total"  # label code
+REQUESTS = "scorer_requests_total"  # labels api, scheme (concrete), code
+ERRORS = "scorer_errors_total"  # labels api, code
 DOCS = "scorer_docs_scored_total"  # label scheme
 REJECTED = "scorer_requests_rejected_total"
 INFLIGHT = "scorer_inflight_requests"
@@ -50,11 +52,14 @@ class ServerCounts:
         )
 
 
-def parse(text: str) -> ServerCounts:
+def parse(text: str, api: str | None = None) -> ServerCounts:
+    """The counts in a /metrics page; with ``api``, calls and errors of that front end only."""
     out = ServerCounts()
     acc: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for family in text_string_to_metric_families(text):
         for s in family.samples:
+            if api is not None and s.name in (REQUESTS, ERRORS) and s.labels.get("api", api) != api:
+                continue
             if s.name == REQUESTS:
                 acc["code"][s.labels.get("code", "").upper()] += s.value
                 acc["scheme"][s.labels.get("scheme", "")] += s.value
@@ -71,19 +76,21 @@ def parse(text: str) -> ServerCounts:
     return out
 
 
-def scrape(url: str, timeout: float = 5.0) -> ServerCounts:
+def scrape(url: str, timeout: float = 5.0, api: str | None = None) -> ServerCounts:
     with urllib.request.urlopen(url, timeout=timeout) as resp:
-        return parse(resp.read().decode())
+        return parse(resp.read().decode(), api)
 
 
-def scrape_settled(url: str, expected: int, before: ServerCounts, wait_s: float = 5.0) -> ServerCounts:
+def scrape_settled(
+    url: str, expected: int, before: ServerCounts, wait_s: float = 5.0, api: str | None = None
+) -> ServerCounts:
     """Scrape until the server has answered ``expected`` calls since ``before`` or ``wait_s`` passes.
 
     Calls the client gave up on (deadline) may still be finishing on the server when the run ends.
     """
     deadline = time.monotonic() + wait_s
     while True:
-        delta = scrape(url).minus(before)
+        delta = scrape(url, api=api).minus(before)
         if delta.requests >= expected or time.monotonic() >= deadline:
             return delta
         time.sleep(0.1)
@@ -115,8 +122,9 @@ def _explain(table: dict, client_codes: dict[str, float], server_codes: dict[str
     return "do not match"
 
 
-def reconcile(client: dict, server: ServerCounts) -> dict:
-    """Side by side: requests, ok, failed, docs scored (ok calls), and calls by status code."""
+def reconcile(client: dict, server: ServerCounts, api: str | None = None) -> dict:
+    """Side by side: requests, ok, failed, docs scored (ok calls), and calls by status code; ``api``:
+    the front end whose calls the server's counts are (None: every one)."""
     client_codes, server_codes = _merge_deadline(client["by_code"]), _merge_deadline(server.requests_by_code)
     rows = {
         "requests": (client["requests"], server.requests),
@@ -135,6 +143,7 @@ def reconcile(client: dict, server: ServerCounts) -> dict:
         "matched": matched,
         "explained": verdict != "do not match",
         "verdict": verdict,
+        "api": api,
         "rows": table,
         "server_requests_by_code": server.requests_by_code,
         "server_errors_by_code": server.errors_by_code,

@@ -108,18 +108,30 @@ def _codes(by_code: dict[str, int]) -> str:
     return ", ".join(f"{c} {n}" for c, n in by_code.items() if c != "OK") or "none"
 
 
+def front_end(cfg: dict) -> str:
+    """How a report's calls were sent: "gRPC ScoreDocs" or e.g. "HTTP cohere `POST /v2/rerank` (aiohttp)"."""
+    api = cfg.get("api") or "grpc"
+    if api == "grpc":
+        return "gRPC ScoreDocs"
+    client = f" ({cfg['http_client']})" if cfg.get("http_client") else ""
+    return f"HTTP {api} `POST {cfg.get('api_path', '')}`{client}"
+
+
 def markdown(report: dict) -> str:
     cfg = report["config"]
     lines = [
         "# Load test report",
         "",
-        f"Target `{cfg['target']}`, requests from `{cfg['requests_file']}` "
+        f"Target `{cfg['target']}` over {front_end(cfg)}, requests from `{cfg['requests_file']}` "
         f"({report['workload']['requests']} requests, {report['workload']['docs_mean']:.1f} docs each on "
         "average), "
         f"{cfg['duration_s']:g} s per run, deadline {cfg['deadline_s'] * 1e3:g} ms, {report['created']}.",
         "Latency runs from each call's scheduled send time; percentiles are over ok calls.",
         "",
     ]
+    if cfg.get("http_dropped"):
+        fields = ", ".join(f"`{k}` ({n} requests)" for k, n in cfg["http_dropped"].items())
+        lines += [f"Not sent (the {cfg['api']} body has no such field): {fields}.", ""]
     runs = report["runs"]
     if report.get("sweep"):
         lines += _sweep_md(report)
@@ -195,8 +207,9 @@ def _run_md(run: dict, heading: bool) -> list[str]:
 def _server_md(rec: dict) -> list[str]:
     verdict = rec.get("verdict", "match" if rec["matched"] else "do not match")
     verdict = verdict if rec["matched"] or verdict != "do not match" else "**do not match**"
+    calls = f'`api="{rec["api"]}"` calls' if rec.get("api") else "every call"
     lines = [
-        f"Server `/metrics` (change over the run, every call, warm-up included): client and server counts "
+        f"Server `/metrics` (change over the run, {calls}, warm-up included): client and server counts "
         f"{verdict}.",
         "",
         "| count | client | server | diff |",
@@ -230,7 +243,7 @@ def recompute(report: dict, runs: Sequence[tuple[str, Arrays]], warmup_s: float 
             run["error_examples"],
             run["generator"]["unfinished"],
         )
-        keep = {k: run[k] for k in ("label", "scheme", "server") if k in run}
+        keep = {k: run[k] for k in ("label", "scheme", "api", "server") if k in run}
         fresh.append({**keep, **summary})
     top = {
         k: v for k, v in report.items() if k in ("loadtest_version", "created", "config", "workload", "sweep")
@@ -253,6 +266,12 @@ def compare(a: dict, b: dict, names: tuple[str, str] = ("A", "B")) -> str:
     warning where the reports' offered rates differ."""
     pairs, notes = pair_runs(a, b, names)
     lines = [f"# Compare: {names[0]} vs {names[1]}", ""]
+    if "api" in a["config"] or "api" in b["config"]:
+        lines += [
+            f"- {n}: `{r['config']['target']}` over {front_end(r['config'])}"
+            for n, r in zip(names, (a, b), strict=True)
+        ]
+        lines.append("")
     if notes:
         lines += [*(f"- **Warning**: {n}" for n in notes), ""]
     if not pairs:

@@ -6,6 +6,8 @@
 Open loop (``--rate``, Poisson or ``--arrival constant``), closed loop (``--concurrency``), or a sweep of
 rates (``--sweep 10,20,40``), each run bounded by ``--duration`` and ``--max-requests``. ``--schemes``
 sends the whole set once per scheme (overriding options.scheme), which gives one curve per scheme.
+``--api cohere|jina|tei --target HOST:HTTP_PORT`` sends the same set to that HTTP rerank shape
+instead of gRPC (text requests only; see loadtest/http_api.py).
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
+from . import http_api, report
 from . import metrics as m
-from . import report
 from . import schemes as scheme_names
-from .driver import MAX_DURATION_S, Call, DriveConfig, compile_calls, drive
+from .driver import APIS, MAX_DURATION_S, Call, DriveConfig, compile_calls, drive
 from .gen import read_jsonl
 from .stats import Arrays, capacity, summarize
 
@@ -30,13 +32,14 @@ from .stats import Arrays, capacity, summarize
 def run_one(
     cfg: DriveConfig, calls: list[Call], warmup_s: float, metrics_url: str | None
 ) -> tuple[dict, Arrays]:
-    before = m.scrape(metrics_url) if metrics_url else None
+    """One run; with ``metrics_url`` reconciled with the server's counts of ``cfg.api``'s calls."""
+    before = m.scrape(metrics_url, api=cfg.api) if metrics_url else None
     samples = drive(cfg, calls)
     summary = summarize(samples, cfg, warmup_s)
     if metrics_url and before is not None:
         totals = summary["client_totals"]
-        after = m.scrape_settled(metrics_url, totals["requests"], before)
-        summary["server"] = m.reconcile(totals, after)
+        after = m.scrape_settled(metrics_url, totals["requests"], before, api=cfg.api)
+        summary["server"] = m.reconcile(totals, after, cfg.api)
     return summary, Arrays.of(samples)
 
 
@@ -49,7 +52,17 @@ def series_name(calls: Sequence[Call]) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m loadtest.run", description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", default="127.0.0.1:50051", help="host:port (default 127.0.0.1:50051)")
+    p.add_argument(
+        "--target",
+        default="127.0.0.1:50051",
+        help="host:port (default 127.0.0.1:50051; HTTP: its --http-port)",
+    )
+    p.add_argument(
+        "--api",
+        choices=APIS,
+        default="grpc",
+        help="gRPC ScoreDocs (default), or an HTTP rerank shape: cohere, jina, tei (loadtest/http_api.py)",
+    )
     p.add_argument("--requests", type=Path, required=True, help="JSONL from loadtest.gen (cycled)")
     p.add_argument("--out", type=Path, required=True, help="report directory")
     load = p.add_mutually_exclusive_group(required=True)
@@ -68,7 +81,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-in-flight", type=int, default=10_000, help="open loop: the driver waits beyond this"
     )
-    p.add_argument("--channels", type=int, default=1, help="gRPC connections to spread calls over")
+    p.add_argument(
+        "--channels",
+        type=int,
+        default=1,
+        help="gRPC connections to spread calls over; HTTP: connections opened before the first call",
+    )
+    p.add_argument("--api-key", help="HTTP: sent as Authorization: Bearer KEY (the server's --api-key)")
+    p.add_argument(
+        "--http-client", choices=http_api.CLIENTS, help="HTTP: the client (default aiohttp where installed)"
+    )
     p.add_argument("--pause", type=float, default=1.0, help="seconds between the runs of a sweep")
     p.add_argument("--stop-when-saturated", action="store_true", help="sweep: skip a scheme's higher rates")
     p.add_argument("--slo-p99-ms", type=float, help="sweep: capacity counts only runs with p99 within this")
@@ -91,8 +113,32 @@ def main(argv: list[str] | None = None) -> int:
         if not 0 <= args.warmup < args.duration <= MAX_DURATION_S:
             raise ValueError("need 0 <= --warmup < --duration")
         requests = read_jsonl(args.requests)
+        http, dropped, client = args.api != "grpc", {}, ""
+        if http:
+            if any(s not in (None, "auto") for s in schemes):
+                raise ValueError(
+                    f"--api {args.api} runs every call as scheme auto (the rerank shapes have no scheme): "
+                    f"drop --schemes {args.schemes} or use --api grpc"
+                )
+            dropped = http_api.check_text(requests, args.api)
+            client = http_api.resolve_client(args.http_client or "")
+        elif args.api_key or args.http_client:
+            raise ValueError("--api-key and --http-client are for an HTTP --api")
     except (ValueError, OSError) as e:
         parser.error(str(e))
+    if client == "httpx":
+        print(
+            "warning: httpx spends 1 to 8 ms of CPU a call (more with more connections, encode/httpx#3215): "
+            "the generator keeps to its schedule up to about 100 calls/s; aiohttp, where installed, to 2,000",
+            file=sys.stderr,
+        )
+    if http and dropped:
+        fields = ", ".join(f"{name} ({n} requests)" for name, n in dropped.items())
+        print(
+            f"warning: --api {args.api} cannot send {fields}: its calls run without them (scheme auto, "
+            "the template's default instruction)",
+            file=sys.stderr,
+        )
     base = dict(
         target=args.target,
         duration_s=args.duration,
@@ -104,20 +150,24 @@ def main(argv: list[str] | None = None) -> int:
         channels=args.channels,
         seed=args.seed,
         progress_s=0.0 if args.quiet else 1.0,
+        api=args.api,
+        api_key=args.api_key,
+        http_client=client,
     )
     runs, arrays = [], []
     for scheme in schemes:
-        calls = compile_calls(requests, scheme)
+        calls = http_api.compile_calls(requests, args.api) if http else compile_calls(requests, scheme)
         name = series_name(calls)
         for rate in rates:
             label = f"{name} @ {rate:g}/s" if rate else f"{name} x{args.concurrency} concurrent"
+            label = f"{args.api} {label}" if http else label
             cfg = DriveConfig(**base, rate=rate, label=label)
             try:
                 summary, a = run_one(cfg, calls, args.warmup, args.metrics_url)
             except (ConnectionError, ValueError, OSError) as e:
                 print(f"error: {label}: {e}", file=sys.stderr)
                 return 1
-            runs.append({"label": label, "scheme": name, **summary})
+            runs.append({"label": label, "scheme": name, "api": args.api, **summary})
             arrays.append((label, a))
             _print_line(runs[-1])
             if args.stop_when_saturated and summary["saturation"]["saturated"]:
@@ -129,6 +179,12 @@ def main(argv: list[str] | None = None) -> int:
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "config": {
             "target": args.target,
+            "api": args.api,
+            **(
+                {"api_path": http_api.APIS[args.api].path, "http_client": client, "http_dropped": dropped}
+                if http
+                else {}
+            ),
             "requests_file": str(args.requests),
             "rates": rates if args.rate or args.sweep else None,
             "concurrency": args.concurrency,
