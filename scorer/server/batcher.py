@@ -1,7 +1,7 @@
 """Cross-request batching: concurrent calls merged into one forward batch under a token budget.
 
 A call waits in a bounded FIFO queue. A batch is cut when the queued calls fill the token budget
-or when the oldest queued call has waited ``max_wait_s``; it is launched on one worker thread (the
+or when the oldest queued call has waited ``max_wait_s`` (at once while no batch is in flight); it is launched on one worker thread (the
 host planning and the queuing of its device work) and waited for on another, so the event loop
 keeps answering health checks and accepting calls while the model computes, and the next batch is
 planned while the device still runs this one (``IN_FLIGHT`` batches at most). A call whose
@@ -257,7 +257,11 @@ class Batcher:
                     _settle(job, exc)
 
     async def _fill(self) -> None:
-        """Wait until the queue fills the token budget or its oldest call has waited max_wait_s."""
+        """Wait until the queue fills the token budget or its oldest call has waited max_wait_s;
+        not at all while no batch is in flight: a call that finds the engine idle runs at once
+        (waiting could only gather calls that would then wait for nothing)."""
+        if not self._in_flight:
+            return
         while self._pending and not self._closing:
             if sum(j.tokens for j in self._pending) >= self.policy.max_batch_tokens:
                 return

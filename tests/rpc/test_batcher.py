@@ -70,22 +70,41 @@ def test_queued_calls_merge_in_arrival_order_up_to_the_token_budget():
     assert forward.batches == [["c0", "c1"], ["c2", "c3"], ["c4"]]
 
 
-def test_a_call_over_the_budget_runs_alone_and_a_lone_call_waits_at_most_max_wait():
+def test_a_call_over_the_budget_runs_alone_and_a_lone_call_on_an_idle_engine_runs_at_once():
     forward = FakeForward()
 
     async def scenario():
-        batcher = Batcher(forward, BatchPolicy(max_batch_tokens=100, max_wait_s=0.05))
+        batcher = Batcher(forward, BatchPolicy(max_batch_tokens=100, max_wait_s=0.2))
         batcher.start()
         big, small = await asyncio.gather(
             batcher.submit(call(500, "big"), None, "big"), batcher.submit(call(10, "small"), None, "small")
         )
         assert big.batch_requests == small.batch_requests == 1
         lone = await batcher.submit(call(10, "lone"), None, "lone")
-        assert 0.04 <= lone.queue_seconds < 1.0
+        assert lone.queue_seconds < 0.1  # no max_wait: nothing was in flight
         await batcher.close()
 
     run(scenario)
     assert forward.batches == [["big"], ["small"], ["lone"]]
+
+
+def test_while_a_batch_is_in_flight_a_lone_call_waits_at_most_max_wait_for_company():
+    forward = FakeForward(delay_s=0.3)
+
+    async def scenario():
+        batcher = Batcher(forward, BatchPolicy(max_batch_tokens=1000, max_wait_s=0.05))
+        batcher.start()
+        first = asyncio.ensure_future(batcher.submit(call(10, "first"), None, "first"))
+        await asyncio.sleep(0.01)  # "first" is in flight
+        a = asyncio.ensure_future(batcher.submit(call(10, "a"), None, "a"))
+        await asyncio.sleep(0.02)
+        b = await batcher.submit(call(10, "b"), None, "b")
+        await first
+        assert (await a).batch_requests == b.batch_requests == 2  # they waited and went together
+        await batcher.close()
+
+    run(scenario)
+    assert forward.batches == [["first"], ["a", "b"]]
 
 
 def test_calls_whose_deadline_passed_or_that_were_cancelled_in_the_queue_are_never_scored():

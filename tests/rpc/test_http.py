@@ -480,26 +480,42 @@ def test_metrics_count_each_call_under_its_api_and_grpc_code(live):
 # One batcher
 
 
-def test_an_http_and_a_grpc_call_arriving_together_run_in_one_batch(live, engine):
+@pytest.fixture
+def busy(engine):
+    """Every forward batch takes 0.3 s, and a batch waits up to 0.1 s for company while another is
+    in flight (an idle engine runs a call at once)."""
+    server = Live(engine, BatchPolicy(max_wait_s=0.1), DebugKnobs(forward_delay_s=0.3))
+    yield server
+    server.close()
+
+
+def test_an_http_and_a_grpc_call_arriving_together_run_in_one_batch(busy, engine):
+    live = busy
+
     def batches() -> tuple[float, float]:
         return _sample("scorer_batch_requests_sum"), _sample("scorer_batch_requests_count")
 
     async def together():
         request = pb.ScoreDocsRequest(prompt=QUERY, docs=[pb.Doc(text=d) for d in DOCS])
+        blocker = pb.ScoreDocsRequest(prompt=QUERY, docs=[pb.Doc(text=DOCS[0])])
         async with (
             httpx.AsyncClient(base_url=live.url) as client,
             grpc.aio.insecure_channel(f"127.0.0.1:{live.grpc_port}") as channel,
         ):
-            return await asyncio.gather(
-                client.post("/v1/rerank", json={**Q, **D}, timeout=60),
-                scorer_pb2_grpc.ScorerStub(channel).ScoreDocs(request, timeout=60),
+            stub = scorer_pb2_grpc.ScorerStub(channel)
+            busy = asyncio.ensure_future(stub.ScoreDocs(blocker, timeout=60))  # an idle engine runs
+            await asyncio.sleep(0.1)  # a call at once: the two below arrive while it is in flight
+            replies = await asyncio.gather(
+                client.post("/v1/rerank", json={**Q, **D}, timeout=60), stub.ScoreDocs(request, timeout=60)
             )
+            await busy
+            return replies
 
     before = batches()
     http_reply, grpc_reply = live.run(together())  # on the server's loop: one loop for grpc.aio
     calls, batched = (after - start for after, start in zip(batches(), before, strict=True))
 
-    assert (calls, batched) == (2, 1)  # both calls, one forward batch (the batcher waits 100 ms)
+    assert (calls, batched) == (3, 2)  # the blocker alone; both calls in one batch (it waits 100 ms)
     solo = engine.score(ScoreRequest(QUERY, [Doc(d) for d in DOCS], options=ScoreOptions(truncate="doc_end")))
     by_index = {r["index"]: r["relevance_score"] for r in http_reply.json()["results"]}
     assert by_index == pytest.approx({d.index: d.score for d in solo.results}, abs=TOLERANCE)
