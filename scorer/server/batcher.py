@@ -1,10 +1,10 @@
 """Cross-request batching: concurrent calls merged into one forward batch under a token budget.
 
 A call waits in a bounded FIFO queue. A batch is cut when the queued calls fill the token budget
-or when the oldest queued call has waited ``max_wait_s`` (at once while no batch is in flight); it is launched on one worker thread (the
-host planning and the queuing of its device work) and waited for on another, so the event loop
-keeps answering health checks and accepting calls while the model computes, and the next batch is
-planned while the device still runs this one (``IN_FLIGHT`` batches at most). A call whose
+or when the oldest queued call has waited ``max_wait_s`` (at once while no batch is in flight);
+it is launched on one worker thread (the host planning and the queuing of its device work) and
+waited for on another, so the event loop keeps answering health checks and accepting calls while
+the model computes, and the next batch is planned while the device still runs this one (``IN_FLIGHT`` batches at most). A call whose
 deadline passed or that was cancelled while queued is dropped without compute. A batch that fails
 (out of memory above all) is retried one call at a time, so only the failing call fails.
 
