@@ -4,9 +4,10 @@ A call waits in a bounded FIFO queue. A batch is cut when the queued calls fill 
 or when the oldest queued call has waited ``max_wait_s`` (at once while no batch is in flight);
 it is launched on one worker thread (the host planning and the queuing of its device work) and
 waited for on another, so the event loop keeps answering health checks and accepting calls while
-the model computes, and the next batch is planned while the device still runs this one (``IN_FLIGHT`` batches at most). A call whose
-deadline passed or that was cancelled while queued is dropped without compute. A batch that fails
-(out of memory above all) is retried one call at a time, so only the failing call fails.
+the model computes, and the next batch is planned while the device still runs this one
+(``IN_FLIGHT`` batches at most). A call whose deadline passed or that was cancelled while queued
+is dropped without compute. A batch that fails (out of memory above all) is retried one call at
+a time, so only the failing call fails.
 
 Under overload, work spent on a call that will miss its deadline anyway is what makes goodput
 collapse. The batcher keeps a model of the time a batch holds the device, ``a + b * tokens`` fitted
