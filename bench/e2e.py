@@ -83,10 +83,6 @@ def variants(m: int) -> list[tuple[str, int]]:
     return [(s, 0) for s in SCHEMES] + [("grouped", g) for g in GROUP_SIZES if g < m]
 
 
-def label(scheme: str, group: int) -> str:
-    return f"grouped:{group}" if scheme == "grouped" else scheme
-
-
 def skip_reason(scheme: str, shape: Shape) -> str | None:
     p, m, s = shape.prefix_len, len(shape.item_lens), shape.item_lens[0]
     naive_rows, rows = m * (p + s), shape.num_tokens
@@ -157,7 +153,7 @@ def measure_cell(engine: ModelRunner, shape: Shape, ids, pos, repeats: int) -> d
     out: dict[str, dict] = {}
     runs = {}
     for scheme, group in variants(len(shape.item_lens)):
-        name = label(scheme, group)
+        name = get(scheme).label(group)
         why = skip_reason(scheme, shape)
         if why:
             out[name] = {"skipped": why}

@@ -60,7 +60,7 @@ class Variant:
 
     @property
     def label(self) -> str:
-        name = f"grouped:{self.group}" if self.scheme == "grouped" else self.scheme
+        name = get(self.scheme).label(self.group)
         return f"{name}/{self.kernel}" + (f"/p{self.page}" if self.page != 1 else "")
 
     def planner(self):

@@ -183,7 +183,10 @@ class Driver:
             code, ran = e.code().name, ""
             self.errors += 1
             self.s.error_examples.setdefault(code, e.details() or "")
-        end = self.loop.time()
+        self._settle(c, due, sent, self.loop.time(), code, ran)
+
+    def _settle(self, c: Call, due: float, sent: float, end: float, code: str, ran: str) -> None:
+        """One call answered: its slot freed and its sample recorded (every front end)."""
         self.inflight -= 1
         self._slot_free.set()
         s = self.s

@@ -303,13 +303,4 @@ class HttpDriver(Driver):
         if code != "OK":
             self.errors += 1
             self.s.error_examples.setdefault(code, detail)
-        self.inflight -= 1
-        self._slot_free.set()
-        s = self.s
-        s.sched.append(due - self.t0)
-        s.lag.append(sent - due)
-        s.latency.append(end - due)
-        s.code.append(code)
-        s.scheme.append(c.scheme)
-        s.ran.append("")  # the rerank answers do not say which scheme ran
-        s.docs.append(c.docs)
+        self._settle(c, due, sent, end, code, "")  # the rerank answers do not say which scheme ran
