@@ -112,18 +112,21 @@ class ForwardTimeModel:
 
     A batch holds the device from its launch, or from the end of the batch before it if that is
     later (batches in flight queue behind each other), to its end. While recent batches barely
-    differ in size, the whole time counts as the fixed cost ``a``: that under-predicts one larger
-    batch, so a call is never dropped on an extrapolation, but a queue is counted in batches of
-    the largest size seen (``queue``), so a deep one is not under-counted.
+    differ in size, ``b`` is 0 and the whole time counts as the fixed cost ``a`` of a batch of
+    their size (a smaller one takes its share); a queue is counted in batches of the largest size
+    seen (``queue``), so a deep one is not under-counted. The fit is made once per observation,
+    not on every question: admission asks on every call.
     """
 
     def __init__(self, window: int = 64) -> None:
         self._seen: deque[tuple[int, float]] = deque(maxlen=window)
+        self._fit: tuple[float, float, float, float, int] | None = None  # a, b, mean tokens, spread, largest
 
     def observe(self, tokens: int, seconds: float) -> None:
         self._seen.append((tokens, seconds))
+        self._fit = self._fitted()
 
-    def _fit(self) -> tuple[float, float] | None:
+    def _fitted(self) -> tuple[float, float, float, float, int] | None:
         if len(self._seen) < 2:
             return None
         n = len(self._seen)
@@ -133,33 +136,33 @@ class ForwardTimeModel:
         b = 0.0
         if var_t > (0.1 * mean_t) ** 2:
             b = max(0.0, sum((t - mean_t) * (s - mean_s) for t, s in self._seen) / n / var_t)
-        return max(0.0, mean_s - b * mean_t), b
+        a = max(0.0, mean_s - b * mean_t)
+        spread = math.sqrt(sum((s - a - b * t) ** 2 for t, s in self._seen) / n)
+        return a, b, mean_t, spread, max(t for t, _ in self._seen)
 
     def predict(self, tokens: int) -> float | None:
         """One batch of ``tokens`` tokens: ``a + b * tokens``; while recent batches were all of
         about one size (``b`` is 0), a smaller batch takes its share of ``a``. Otherwise a model
         fitted on a burst of large batches would refuse every later call, the small ones too,
         and, running none, never learn again."""
-        fit = self._fit()
-        if fit is None:
+        if self._fit is None:
             return None
-        a, b = fit
+        a, b, mean_t, _, _ = self._fit
         if b == 0.0:
-            a *= min(1.0, tokens / (sum(t for t, _ in self._seen) / len(self._seen)))
+            a *= min(1.0, tokens / mean_t)
         return a + b * tokens
 
     def queue(self, calls: int, tokens: int, max_batch_tokens: int) -> float | None:
         """``calls`` queued calls of ``tokens`` tokens in all, counted with care: ``n`` batches of
         at most the largest size seen recently (and ``max_batch_tokens``), one call each at the
-        most, each at ``a`` plus the spread of recent batches around the fit, and ``b`` a token."""
-        fit = self._fit()
-        if fit is None:
+        most, each of the queue's mean size at its predicted time plus the spread of recent
+        batches around the fit."""
+        if self._fit is None:
             return None
         if not calls:
             return 0.0
-        a, b = fit
-        spread = math.sqrt(sum((s - a - b * t) ** 2 for t, s in self._seen) / len(self._seen))
-        size = max(1, min(max_batch_tokens, max(t for t, _ in self._seen)))
+        _, _, _, spread, largest = self._fit
+        size = max(1, min(max_batch_tokens, largest))
         n = min(calls, math.ceil(tokens / size))
         return n * (self.predict(math.ceil(tokens / n)) + spread)
 
