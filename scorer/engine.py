@@ -22,7 +22,7 @@ from .planning import AUTO, Plan, Scheme, Shape, get, plan_batch
 from .planning.choose import auto_policy
 from .planning.schemes import DEFAULT_GROUP_SIZE
 from .readout import DocScore, ScoreResult, Usage
-from .request import Job, Limits, ScoreOptions, ScoreRequest, tokenize
+from .request import MAX_DOC_BYTES, MAX_REQUEST_BYTES, Job, Limits, ScoreOptions, ScoreRequest, tokenize
 from .runner import ModelRunner
 
 log = logging.getLogger(__name__)
@@ -38,8 +38,8 @@ class EngineConfig:
     max_custom_mask_tokens: int = 32768
     max_tokens_per_pass: int = 0  # 0: no limit; a larger request is split, reusing its prompt's K/V
     auto_policy: str = "default"  # see planning.choose.auto_policy
-    max_doc_bytes: int = 1 << 20
-    max_request_bytes: int = 16 << 20
+    max_doc_bytes: int = MAX_DOC_BYTES
+    max_request_bytes: int = MAX_REQUEST_BYTES
 
 
 class Engine:

@@ -20,6 +20,8 @@ SCORE_MODES = ("softmax", "logprob")
 TRUNCATE_MODES = ("error", "doc_end")
 DOC_SPECIAL_TOKENS = ("parse", "text")  # the choices of special_tokens and doc_special_tokens
 DEFAULT_LABELS = ("yes", "no")
+MAX_DOC_BYTES = 1 << 20  # UTF-8 bytes of one doc's text
+MAX_REQUEST_BYTES = 16 << 20  # of the prompt, instruction and every doc's text
 
 
 class InvalidInput(ValueError):
@@ -114,8 +116,8 @@ class Limits:
     max_doc_tokens: int
     max_positions: int
     vocab_size: int
-    max_doc_bytes: int = 1 << 20  # UTF-8 bytes of one doc's text
-    max_request_bytes: int = 16 << 20  # of the prompt, instruction and every doc's text
+    max_doc_bytes: int = MAX_DOC_BYTES
+    max_request_bytes: int = MAX_REQUEST_BYTES
 
 
 @dataclass(frozen=True, eq=False)

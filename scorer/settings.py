@@ -127,20 +127,24 @@ class Settings:
         check=at_least(0),
     )
     auto_policy: str = setting(
-        "default",
+        EngineConfig.auto_policy,
         "how scheme=auto picks: calibrated (H200 cost model), article (section 5.3), ragged, or default"
         " (calibrated on FlashInfer, ragged on the CPU, the article's guide for torch on a GPU)",
         choices=AUTO_POLICIES,
         scopes=EVERY,
     )
     # limits of a call
-    max_docs: int = setting(1024, "documents per call", check=at_least(1))
-    max_doc_tokens: int = setting(8192, "tokens per document", check=at_least(1))
+    max_docs: int = setting(EngineConfig.max_docs, "documents per call", check=at_least(1))
+    max_doc_tokens: int = setting(EngineConfig.max_doc_tokens, "tokens per document", check=at_least(1))
     max_doc_bytes: int = setting(
-        1 << 20, "UTF-8 bytes of one document's text, checked before any work", check=at_least(1)
+        EngineConfig.max_doc_bytes,
+        "UTF-8 bytes of one document's text, checked before any work",
+        check=at_least(1),
     )
     max_request_bytes: int = setting(
-        16 << 20, "UTF-8 bytes of a call's text (prompt, instruction, docs), checked first", check=at_least(1)
+        EngineConfig.max_request_bytes,
+        "UTF-8 bytes of a call's text (prompt, instruction, docs), checked first",
+        check=at_least(1),
     )
     # batching
     max_batch_tokens: int = setting(
