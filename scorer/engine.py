@@ -19,8 +19,10 @@ import torch
 from . import readout
 from .devices import to_device
 from .planning import AUTO, Plan, Scheme, Shape, get, plan_batch
+from .planning.cached import on_pool
 from .planning.choose import auto_policy
 from .planning.schemes import DEFAULT_GROUP_SIZE
+from .prefix_cache import Lease, PoolFull, PrefixCache
 from .readout import DocScore, ScoreResult, Usage
 from .request import MAX_DOC_BYTES, MAX_REQUEST_BYTES, Job, Limits, ScoreOptions, ScoreRequest, tokenize
 from .runner import ModelRunner
@@ -44,9 +46,15 @@ class EngineConfig:
 
 class Engine:
     def __init__(
-        self, runner: ModelRunner, tokenizer, config: EngineConfig | None = None, model_name: str = ""
+        self,
+        runner: ModelRunner,
+        tokenizer,
+        config: EngineConfig | None = None,
+        model_name: str = "",
+        cache: PrefixCache | None = None,
     ):
         self.runner = runner
+        self.cache = cache
         self.model_name = model_name
         self.tokenizer = tokenizer
         self.config = config or EngineConfig()
@@ -77,7 +85,14 @@ class Engine:
             c.max_tokens_per_pass,
             c.max_custom_mask_tokens,
             cancelled,
+            self.peek if self.cache is not None else None,
         )
+
+    def peek(self, prefix: tuple[int, ...], options: ScoreOptions) -> int:
+        """Prompt tokens of ``prefix`` the prefix cache holds now, for this call's options."""
+        if self.cache is None or options.prefix_cache == "off":
+            return 0
+        return self.cache.peek(prefix, options.cache_salt)
 
     def resolve(self, shape: Shape, options: ScoreOptions) -> tuple[Scheme, int]:
         """The concrete scheme of a request (``auto`` resolved on its shape) and its group size
@@ -111,22 +126,54 @@ class Engine:
         overlaps this batch's forward."""
         plan = self.plan(jobs)
         ordered = [jobs[i] for i in plan.requests]
-        ids, positions = logical_tokens(ordered, self.device)
-        rows = self.runner.forward(plan, ids, positions)
-        picked = readout.label_logprobs(self.runner.model, rows, ordered)
-        done = None
-        if picked.is_cuda:
-            host = torch.empty(picked.shape, dtype=picked.dtype, pin_memory=True)
-            picked = host.copy_(picked, non_blocking=True)
-            done = torch.cuda.Event()
-            done.record()
+        plan, lease, cached = self._on_cache(plan, ordered)
+        try:
+            ids, positions = logical_tokens(ordered, self.device)
+            rows = self.runner.forward(plan, ids, positions, self.cache)
+            picked = readout.label_logprobs(self.runner.model, rows, ordered)
+            done = None
+            if picked.is_cuda:
+                host = torch.empty(picked.shape, dtype=picked.dtype, pin_memory=True)
+                picked = host.copy_(picked, non_blocking=True)
+                done = torch.cuda.Event()
+                done.record()
+        except BaseException:
+            if lease is not None:
+                lease.abort()
+            raise
 
         def collect() -> list[ScoreResult]:
-            if done is not None:
-                done.synchronize()
-            return readout.results(ordered, plan.requests, picked.tolist())
+            try:
+                if done is not None:
+                    done.synchronize()
+            finally:
+                if lease is not None:
+                    lease.release()
+            return readout.results(ordered, plan.requests, picked.tolist(), cached)
 
         return collect
+
+    def _on_cache(self, plan: Plan, ordered: Sequence[Job]) -> tuple[Plan, Lease | None, list[int]]:
+        """``plan`` on the prefix cache's pool, the lease it holds and each request's cached
+        prompt tokens; ``plan`` itself when no call of the batch uses the cache or the batch does
+        not fit the pool beside the batches in flight (it then runs on its own K/V)."""
+        use = [self.cache is not None and j.options.prefix_cache != "off" for j in ordered]
+        if not any(use):
+            return plan, None, []
+        prompts = [
+            (j.prefix_ids, j.options.cache_salt) if u else None for j, u in zip(ordered, use, strict=True)
+        ]
+        hits, lease = self.cache.reserve(prompts)
+        try:
+            pooled = on_pool(plan, hits, lease.alloc_scratch)
+        except PoolFull:
+            lease.abort()
+            self.cache.stats["off_pool_batches"] += 1
+            return plan, None, []
+        except BaseException:
+            lease.abort()
+            raise
+        return pooled, lease, [h.num_cached for h in hits]
 
 
 def logical_tokens(batch: Sequence[Job], device) -> tuple[torch.Tensor, torch.Tensor]:

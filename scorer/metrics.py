@@ -101,6 +101,27 @@ FORWARD_PASSES = Counter(
     "Model forward passes run for calls (warm-up excluded).",
     registry=REGISTRY,
 )
+PREFIX_CACHE_HIT_TOKENS = Counter(
+    "scorer_prefix_cache_hit_tokens_total",
+    "Prompt tokens whose K/V a batch read from the prefix cache instead of computing them.",
+    registry=REGISTRY,
+)
+PREFIX_CACHE_LOOKUP_TOKENS = Counter(
+    "scorer_prefix_cache_lookup_tokens_total",
+    "Prompt tokens looked up in the prefix cache (the hit ratio's denominator).",
+    registry=REGISTRY,
+)
+PREFIX_CACHE_EVICTIONS = Counter(
+    "scorer_prefix_cache_evictions_total",
+    "Cached blocks of prompt K/V evicted (least recently used, held by no batch) to make room.",
+    registry=REGISTRY,
+)
+PREFIX_CACHE_BYTES = Gauge(
+    "scorer_prefix_cache_bytes",
+    "The prefix cache's K/V pool: bytes holding cached prompt blocks (used) and its size (capacity).",
+    ["kind"],
+    registry=REGISTRY,
+)
 BATCH_REQUESTS = Histogram(
     "scorer_batch_requests",
     "Calls merged into one forward batch.",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -29,6 +29,7 @@ class Usage:
     doc_tokens: int
     tokens_computed: int
     tokens_saved: int
+    cached_prompt_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -54,20 +55,23 @@ def label_logprobs(model, rows: torch.Tensor, jobs: Sequence[Job]) -> torch.Tens
     return logits[item, label_ids] - lse[item]
 
 
-def results(jobs: Sequence[Job], requests: Sequence[int], flat: Sequence[float]) -> list[ScoreResult]:
+def results(
+    jobs: Sequence[Job], requests: Sequence[int], flat: Sequence[float], cached: Sequence[int] = ()
+) -> list[ScoreResult]:
     """Each request's result in batch order, from the flat label log-probs of ``jobs`` (plan
-    order; ``requests``: the batch index of each)."""
+    order; ``requests``: the batch index of each; ``cached``: the prompt tokens each read from
+    the prefix cache, () for none)."""
     out: list[ScoreResult | None] = [None] * len(requests)
     at = 0
-    for pos, job in zip(requests, jobs, strict=True):
+    for r, (pos, job) in enumerate(zip(requests, jobs, strict=True)):
         k = len(job.label_ids)
         lps = [tuple(flat[at + i * k : at + (i + 1) * k]) for i in range(len(job.items))]
         at += k * len(job.items)
-        out[pos] = result(job, lps)
+        out[pos] = result(job, lps, cached[r] if cached else 0)
     return out  # type: ignore[return-value]
 
 
-def result(job: Job, logprobs: Sequence[tuple[float, ...]]) -> ScoreResult:
+def result(job: Job, logprobs: Sequence[tuple[float, ...]], cached: int = 0) -> ScoreResult:
     o = job.options
     docs = job.request.docs
     scores = [
@@ -82,8 +86,13 @@ def result(job: Job, logprobs: Sequence[tuple[float, ...]]) -> ScoreResult:
         )
         for i, lps in enumerate(logprobs)
     ]
+    computed = job.scheme.rows(replace(job.shape, cached=cached))
     usage = Usage(
-        len(job.prefix_ids), sum(job.doc_tokens), job.tokens, job.shape.prompt_per_doc_tokens - job.tokens
+        len(job.prefix_ids),
+        sum(job.doc_tokens),
+        computed,
+        job.shape.prompt_per_doc_tokens - computed,
+        cached,
     )
     return ScoreResult(tuple(ranked(scores, o.top_n)), job.scheme.name, usage)
 

@@ -19,6 +19,8 @@ from .planning.base import MAX_ITEM_LEN, PlanError
 SCORE_MODES = ("softmax", "logprob")
 TRUNCATE_MODES = ("error", "doc_end")
 DOC_SPECIAL_TOKENS = ("parse", "text")  # the choices of special_tokens and doc_special_tokens
+PREFIX_CACHE_MODES = ("off",)  # the choices of prefix_cache besides "" (use the cache)
+MAX_CACHE_SALT = 256  # characters
 DEFAULT_LABELS = ("yes", "no")
 MAX_DOC_BYTES = 1 << 20  # UTF-8 bytes of one doc's text
 MAX_REQUEST_BYTES = 16 << 20  # of the prompt, instruction and every doc's text
@@ -98,6 +100,8 @@ class ScoreOptions:
     special_tokens: str = ""  # every caller text: "" (parse), parse or text (control tokens stay text)
     top_n: int = 0  # 0: every doc in input order; n: the best n by score, ties in input order
     return_label_logprobs: bool = False  # the answer carries each doc's label log-probs
+    prefix_cache: str = ""  # "": read and write the prefix cache; "off": neither
+    cache_salt: str = ""  # calls with different salts never share cached K/V
 
 
 @dataclass(frozen=True)
@@ -146,6 +150,9 @@ class Job:
 
 Resolve = Callable[[Shape, ScoreOptions], tuple[Scheme, int]]
 """(shape, options) -> the concrete scheme and group size (``auto`` resolved)."""
+Peek = Callable[[tuple[int, ...], ScoreOptions], int]
+"""(prefix ids, options) -> prompt tokens the prefix cache holds now (a hint: it may change
+before the call's batch is planned)."""
 
 
 def check_options(o: ScoreOptions) -> None:
@@ -162,6 +169,7 @@ def check_options(o: ScoreOptions) -> None:
         ("truncate", TRUNCATE_MODES),
         ("doc_special_tokens", DOC_SPECIAL_TOKENS),
         ("special_tokens", DOC_SPECIAL_TOKENS),
+        ("prefix_cache", PREFIX_CACHE_MODES),
     ):
         if getattr(o, name) not in ("", *allowed):
             raise InvalidInput(f"options.{name}", f"expected one of {', '.join(allowed)}")
@@ -171,6 +179,8 @@ def check_options(o: ScoreOptions) -> None:
         raise InvalidInput("options.group_size", "must not be negative")
     if o.top_n < 0:
         raise InvalidInput("options.top_n", "must not be negative")
+    if len(o.cache_salt) > MAX_CACHE_SALT:
+        raise InvalidInput("options.cache_salt", f"longer than {MAX_CACHE_SALT} characters")
     if o.doc_special_tokens and o.special_tokens and o.doc_special_tokens != o.special_tokens:
         raise InvalidInput(
             "options.doc_special_tokens",
@@ -192,12 +202,14 @@ def tokenize(
     budget: int = 0,
     mask_cap: int = 0,
     cancelled: Callable[[], bool] | None = None,
+    peek: Peek | None = None,
 ) -> Job:
     """Validate ``req``, turn it into token ids and resolve its scheme; raises InvalidInput naming
     the field. ``budget`` and ``mask_cap``: the engine's token budget per pass and custom-mask cap,
     against which the scheme checks the shape. Sizes are checked before any tokenizing, and a doc's
     text is cut to what its token limit can use first (``max_text_chars``); ``cancelled`` is asked
-    between docs (Cancelled is raised once it says so)."""
+    between docs (Cancelled is raised once it says so); ``peek``: what the prefix cache holds of
+    the prompt, which ``auto`` and the token count go by."""
     o = req.options
     check_options(o)
     if not req.docs:
@@ -254,7 +266,7 @@ def tokenize(
         truncated.append(cut)
         truncated_chars.append(text_cut)
     labels = label_ids(o, tokenizer, limits.vocab_size)
-    shape = Shape(len(prefix), tuple(map(len, items)))
+    shape = Shape(len(prefix), tuple(map(len, items)), peek(prefix, o) if peek else 0)
     scheme, group = resolve(shape, o)
     try:
         scheme.check(shape, budget, mask_cap)

@@ -10,11 +10,12 @@ from collections import Counter
 import torch
 
 from .attention.base import AttentionBackend
-from .attention.kvpool import KVPool
+from .attention.kvpool import CachePool, KVPool
 from .devices import to_device
 from .models.decoder import DecoderLM
 from .models.graphs import GraphedDecoder
 from .planning import Plan
+from .prefix_cache import PrefixCache
 
 log = logging.getLogger(__name__)
 
@@ -48,19 +49,26 @@ class ModelRunner:
             torch.cuda.empty_cache()
             return 0.0
 
-    def forward(self, plan: Plan, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, plan: Plan, ids: torch.Tensor, positions: torch.Tensor, cache: PrefixCache | None = None
+    ) -> torch.Tensor:
         """Run every pass of ``plan`` over the batch's logical tokens (``ids``, ``positions``);
-        returns the final hidden state of each item's score row [items, hidden], in plan order."""
+        returns the final hidden state of each item's score row [items, hidden], in plan order.
+        A plan on the prefix cache's pool (``plan.on_pool``) reads and writes ``cache``'s K/V."""
         mc = self.model.config
-        pool = KVPool(plan, mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype, self.device)
+        if plan.on_pool:
+            pool = CachePool(cache.k, cache.v)
+        else:
+            pool = KVPool(plan, mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype, self.device)
         decoder = self.graphs or self.model
         rows = []
         for p, score_rows in zip(plan.passes, plan.score_rows, strict=True):
             self.backend.plan(p)
             logical = to_device(p.logical, self.device)
+            slots = to_device(p.slots, self.device) if p.slots is not None else None
 
-            def attn(layer, q, k, v, out=None, p=p):
-                return self.backend.run(layer, q, *pool.write(layer, p, k, v), out=out)
+            def attn(layer, q, k, v, out=None, p=p, slots=slots):
+                return self.backend.run(layer, q, *pool.write(layer, p, k, v, slots), out=out)
 
             hidden = decoder.forward_hidden(ids[logical], positions[logical], attn)
             rows.append(hidden[to_device(score_rows, self.device)])

@@ -14,6 +14,7 @@ from .config import ModelConfig
 from .engine import Engine, EngineConfig
 from .models.loader import load_model
 from .models.tiny import ensure_tiny_model
+from .prefix_cache import PrefixCache, auto_mib
 from .runner import ModelRunner
 
 log = logging.getLogger(__name__)
@@ -44,8 +45,10 @@ def build_engine(
     attention_fallback: str = "none",
     kernels: str = "auto",
     cuda_graph_max_tokens: int = 16384,
+    prefix_cache_mib: int | str = 0,
 ) -> Engine:
     """fp32 on CPU, bf16 on GPU unless ``dtype`` says otherwise; no ``model_dir``: the tiny default.
+    ``prefix_cache_mib``: the prefix cache's pool (0: none; ``auto``: see ``prefix_cache.auto_mib``).
     Raises BackendUnavailable when ``attention_backend`` cannot run the model (see make_backend)."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
@@ -57,4 +60,8 @@ def build_engine(
     model, tokenizer = load_model(path, dev, dtype, chosen)
     log.info("model %s on %s (%s), attention %s, %s kernels", path, dev, dtype, backend.name, chosen)
     runner = ModelRunner(model, backend, cuda_graph_max_tokens)
-    return Engine(runner, tokenizer, config, model_name=path.name)
+    mib = auto_mib(dev) if prefix_cache_mib == "auto" else int(prefix_cache_mib)
+    cache = PrefixCache.for_model(mib, mc, dtype, dev)
+    if cache is not None:
+        log.info("prefix cache: %d MiB, %d tokens", mib, cache.capacity)
+    return Engine(runner, tokenizer, config, model_name=path.name, cache=cache)

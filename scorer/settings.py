@@ -25,7 +25,15 @@ from .attention import BACKENDS, FALLBACKS
 from .engine import Engine, EngineConfig
 from .planning import names as scheme_names
 from .planning.choose import AUTO_POLICIES
-from .request import DOC_SPECIAL_TOKENS, SCORE_MODES, TEMPLATES, TRUNCATE_MODES, ScoreOptions
+from .prefix_cache import CPU_AUTO_MIB, GPU_AUTO_SHARE
+from .request import (
+    DOC_SPECIAL_TOKENS,
+    PREFIX_CACHE_MODES,
+    SCORE_MODES,
+    TEMPLATES,
+    TRUNCATE_MODES,
+    ScoreOptions,
+)
 from .runtime import MODEL_KERNELS
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -69,6 +77,15 @@ def _checkpoint(v):
     if not Path(v).is_dir():
         return "is not a directory"
     return None if (Path(v) / "config.json").is_file() else "has no config.json"
+
+
+def _mib(v):
+    if v == "auto":
+        return None
+    try:
+        return None if int(v) >= 0 else "is less than 0"
+    except ValueError:
+        return "is not a number of MiB or auto"
 
 
 def _file(v):
@@ -132,6 +149,14 @@ class Settings:
         " (calibrated on FlashInfer, ragged on the CPU, the article's guide for torch on a GPU)",
         choices=AUTO_POLICIES,
         scopes=EVERY,
+    )
+    prefix_cache_mib: str | int = setting(
+        "auto",
+        "MiB of device memory for the prefix cache's K/V pool (prompt K/V kept across calls);"
+        f" auto: {GPU_AUTO_SHARE:.0%} of the memory free after the model loads on a GPU,"
+        f" {CPU_AUTO_MIB} MiB on the CPU; 0: off",
+        metavar="MIB|auto",
+        check=_mib,
     )
     # limits of a call
     max_docs: int = setting(EngineConfig.max_docs, "documents per call", check=at_least(1))
@@ -273,6 +298,9 @@ class Settings:
             attention_fallback=self.attention_fallback,
             kernels=self.model_kernels,
             cuda_graph_max_tokens=self.cuda_graph_max_tokens,
+            prefix_cache_mib=self.prefix_cache_mib
+            if self.prefix_cache_mib == "auto"
+            else int(self.prefix_cache_mib),
         )
 
 
@@ -321,6 +349,8 @@ REQUEST_HELP = {
     " (a caller cannot inject control tokens); parse (the default): they become those tokens",
     "top_n": "print only the best N docs by score (0: every doc in input order)",
     "return_label_logprobs": "print each doc's label log-probs",
+    "prefix_cache": "off: neither read nor write the prefix cache (default: use it)",
+    "cache_salt": "calls with different salts never share cached prompt K/V",
 }
 REQUEST_CHOICES = {
     "scheme": scheme_names,
@@ -329,6 +359,7 @@ REQUEST_CHOICES = {
     "truncate": lambda: TRUNCATE_MODES,
     "doc_special_tokens": lambda: DOC_SPECIAL_TOKENS,
     "special_tokens": lambda: DOC_SPECIAL_TOKENS,
+    "prefix_cache": lambda: PREFIX_CACHE_MODES,
 }
 
 

@@ -1,4 +1,5 @@
-"""The per-layer K/V page pool of a plan (page_size 1)."""
+"""The per-layer K/V page pools (page_size 1): a plan's own (``KVPool``), or the prefix cache's
+(``CachePool``), which persists across batches."""
 
 from __future__ import annotations
 
@@ -24,11 +25,27 @@ class KVPool:
             ]
 
     def write(
-        self, layer: int, p: Pass, k: torch.Tensor, v: torch.Tensor
+        self, layer: int, p: Pass, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if self.pools is None:
             return k, v
         kp, vp = self.pools[layer]
         kp[p.slot_offset : p.slot_offset + p.num_rows] = k
         vp[p.slot_offset : p.slot_offset + p.num_rows] = v
+        return kp, vp
+
+
+class CachePool:
+    """The prefix cache's pool ``[layers, capacity, heads, dim]``: a pass on it writes row ``i``'s
+    K/V to slot ``slots[i]`` (``Pass.slots`` on the device) and reads the whole pool."""
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.k, self.v = k, v
+
+    def write(
+        self, layer: int, p: Pass, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        kp, vp = self.k[layer], self.v[layer]
+        kp.index_copy_(0, slots, k)
+        vp.index_copy_(0, slots, v)
         return kp, vp

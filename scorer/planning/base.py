@@ -28,14 +28,22 @@ class PlanError(ValueError):
 
 @dataclass(frozen=True)
 class Shape:
-    """What a planner needs to know about one request: prefix length and item lengths."""
+    """What a planner needs to know about one request: prefix length and item lengths, and how
+    many of the prefix's first tokens have their K/V in the prefix cache (``cached``: planners
+    lay out the whole prefix; ``cached.on_pool`` takes those rows out)."""
 
     prefix_len: int
     item_lens: tuple[int, ...]
+    cached: int = 0
 
     @property
     def num_tokens(self) -> int:
         return self.prefix_len + sum(self.item_lens)
+
+    @property
+    def computed_prefix(self) -> int:
+        """Prefix tokens the model computes: the uncached rest."""
+        return self.prefix_len - self.cached
 
     @property
     def prompt_per_doc_tokens(self) -> int:
@@ -105,11 +113,13 @@ class AttentionCall:
 
 @dataclass(frozen=True)
 class Pass:
-    """One forward pass: rows hold ``logical`` tokens, K/V go to ``slot_offset + row``."""
+    """One forward pass: rows hold ``logical`` tokens, K/V go to ``slot_offset + row`` of the
+    plan's own pool, or to ``slots[row]`` of the prefix cache's pool when ``slots`` is set."""
 
     logical: torch.Tensor  # int64 [T]
     slot_offset: int
     calls: tuple[AttentionCall, ...]
+    slots: torch.Tensor | None = None  # int64 [T]: pool slots (a plan on the prefix cache)
 
     @property
     def num_rows(self) -> int:
@@ -156,6 +166,11 @@ class Plan:
     @property
     def num_slots(self) -> int:
         return sum(p.num_rows for p in self.passes)
+
+    @property
+    def on_pool(self) -> bool:
+        """The plan reads and writes the prefix cache's K/V pool (``cached.on_pool``)."""
+        return bool(self.passes) and self.passes[0].slots is not None
 
     @property
     def num_attention_calls(self) -> int:

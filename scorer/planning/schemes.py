@@ -66,9 +66,10 @@ class Scheme:
         return partial(self.plan, group=group_size)
 
     def rows(self, shape: Shape) -> int:
-        """Tokens the scheme puts through the model for ``shape`` (the GEMM rows)."""
+        """Tokens the scheme puts through the model for ``shape`` (the GEMM rows; the cached
+        part of the prefix is not computed)."""
         n = len(shape.item_lens) if self.recomputes_prompt else 1
-        return shape.prefix_len * n + sum(shape.item_lens)
+        return shape.computed_prefix * n + sum(shape.item_lens)
 
     def mean_rows(self, p: int, s: float, m: int) -> float:
         """``rows`` of ``m`` docs of ``s`` tokens (mean) on a prompt of ``p``."""

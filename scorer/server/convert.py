@@ -22,6 +22,8 @@ def request_from_proto(msg: pb.ScoreDocsRequest, request_id: str) -> ScoreReques
         special_tokens=o.special_tokens,
         top_n=o.top_n,
         return_label_logprobs=o.return_label_logprobs,
+        prefix_cache=o.prefix_cache,
+        cache_salt=o.cache_salt,
     )
     docs = [Doc(text=d.text, id=d.id, token_ids=tuple(d.token_ids)) for d in msg.docs]
     return ScoreRequest(
@@ -58,6 +60,7 @@ def response_to_proto(
             doc_tokens=usage.doc_tokens,
             tokens_computed=usage.tokens_computed,
             tokens_saved=usage.tokens_saved,
+            cached_prompt_tokens=usage.cached_prompt_tokens,
         ),
         timing=pb.Timing(
             queue_seconds=scored.queue_seconds,

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16scorer/v1/scorer.proto\x12\tscorer.v1\"\xad\x01\n\x10ScoreDocsRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x1c\n\x04\x64ocs\x18\x02 \x03(\x0b\x32\x0e.scorer.v1.Doc\x12(\n\x07options\x18\x03 \x01(\x0b\x32\x17.scorer.v1.ScoreOptions\x12\x13\n\x0binstruction\x18\x04 \x01(\t\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x06 \x03(\r\"2\n\x03\x44oc\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\"\x93\x02\n\x0cScoreOptions\x12\x0e\n\x06scheme\x18\x01 \x01(\t\x12\x10\n\x08template\x18\x02 \x01(\t\x12\x14\n\x0clabel_tokens\x18\x03 \x03(\t\x12\x17\n\x0flabel_token_ids\x18\x04 \x03(\r\x12\x12\n\nscore_mode\x18\x05 \x01(\t\x12\x10\n\x08truncate\x18\x06 \x01(\t\x12\x16\n\x0emax_doc_tokens\x18\x07 \x01(\r\x12\x12\n\ngroup_size\x18\x08 \x01(\r\x12\r\n\x05top_n\x18\t \x01(\r\x12\x1d\n\x15return_label_logprobs\x18\n \x01(\x08\x12\x1a\n\x12\x64oc_special_tokens\x18\x0b \x01(\t\x12\x16\n\x0especial_tokens\x18\x0c \x01(\t\"\x93\x01\n\x08\x44ocScore\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\r\n\x05score\x18\x03 \x01(\x02\x12\x16\n\x0elabel_logprobs\x18\x04 \x03(\x02\x12\x12\n\ndoc_tokens\x18\x05 \x01(\r\x12\x18\n\x10truncated_tokens\x18\x06 \x01(\r\x12\x17\n\x0ftruncated_chars\x18\x07 \x01(\r\"a\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x12\n\ndoc_tokens\x18\x02 \x01(\r\x12\x17\n\x0ftokens_computed\x18\x03 \x01(\r\x12\x14\n\x0ctokens_saved\x18\x04 \x01(\r\"i\n\x06Timing\x12\x15\n\rqueue_seconds\x18\x01 \x01(\x01\x12\x18\n\x10tokenize_seconds\x18\x02 \x01(\x01\x12\x17\n\x0f\x66orward_seconds\x18\x03 \x01(\x01\x12\x15\n\rtotal_seconds\x18\x04 \x01(\x01\"\xc2\x01\n\x11ScoreDocsResponse\x12$\n\x07results\x18\x01 \x03(\x0b\x32\x13.scorer.v1.DocScore\x12\x0e\n\x06scheme\x18\x02 \x01(\t\x12\x1f\n\x05usage\x18\x03 \x01(\x0b\x32\x10.scorer.v1.Usage\x12!\n\x06timing\x18\x04 \x01(\x0b\x32\x11.scorer.v1.Timing\x12\r\n\x05model\x18\x05 \x01(\t\x12\x10\n\x08template\x18\x06 \x01(\t\x12\x12\n\nrequest_id\x18\x07 \x01(\t2P\n\x06Scorer\x12\x46\n\tScoreDocs\x12\x1b.scorer.v1.ScoreDocsRequest\x1a\x1c.scorer.v1.ScoreDocsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16scorer/v1/scorer.proto\x12\tscorer.v1\"\xad\x01\n\x10ScoreDocsRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x1c\n\x04\x64ocs\x18\x02 \x03(\x0b\x32\x0e.scorer.v1.Doc\x12(\n\x07options\x18\x03 \x01(\x0b\x32\x17.scorer.v1.ScoreOptions\x12\x13\n\x0binstruction\x18\x04 \x01(\t\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x06 \x03(\r\"2\n\x03\x44oc\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\"\xbd\x02\n\x0cScoreOptions\x12\x0e\n\x06scheme\x18\x01 \x01(\t\x12\x10\n\x08template\x18\x02 \x01(\t\x12\x14\n\x0clabel_tokens\x18\x03 \x03(\t\x12\x17\n\x0flabel_token_ids\x18\x04 \x03(\r\x12\x12\n\nscore_mode\x18\x05 \x01(\t\x12\x10\n\x08truncate\x18\x06 \x01(\t\x12\x16\n\x0emax_doc_tokens\x18\x07 \x01(\r\x12\x12\n\ngroup_size\x18\x08 \x01(\r\x12\r\n\x05top_n\x18\t \x01(\r\x12\x1d\n\x15return_label_logprobs\x18\n \x01(\x08\x12\x1a\n\x12\x64oc_special_tokens\x18\x0b \x01(\t\x12\x16\n\x0especial_tokens\x18\x0c \x01(\t\x12\x14\n\x0cprefix_cache\x18\r \x01(\t\x12\x12\n\ncache_salt\x18\x0e \x01(\t\"\x93\x01\n\x08\x44ocScore\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\r\n\x05score\x18\x03 \x01(\x02\x12\x16\n\x0elabel_logprobs\x18\x04 \x03(\x02\x12\x12\n\ndoc_tokens\x18\x05 \x01(\r\x12\x18\n\x10truncated_tokens\x18\x06 \x01(\r\x12\x17\n\x0ftruncated_chars\x18\x07 \x01(\r\"\x7f\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x12\n\ndoc_tokens\x18\x02 \x01(\r\x12\x17\n\x0ftokens_computed\x18\x03 \x01(\r\x12\x14\n\x0ctokens_saved\x18\x04 \x01(\r\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x05 \x01(\r\"i\n\x06Timing\x12\x15\n\rqueue_seconds\x18\x01 \x01(\x01\x12\x18\n\x10tokenize_seconds\x18\x02 \x01(\x01\x12\x17\n\x0f\x66orward_seconds\x18\x03 \x01(\x01\x12\x15\n\rtotal_seconds\x18\x04 \x01(\x01\"\xc2\x01\n\x11ScoreDocsResponse\x12$\n\x07results\x18\x01 \x03(\x0b\x32\x13.scorer.v1.DocScore\x12\x0e\n\x06scheme\x18\x02 \x01(\t\x12\x1f\n\x05usage\x18\x03 \x01(\x0b\x32\x10.scorer.v1.Usage\x12!\n\x06timing\x18\x04 \x01(\x0b\x32\x11.scorer.v1.Timing\x12\r\n\x05model\x18\x05 \x01(\t\x12\x10\n\x08template\x18\x06 \x01(\t\x12\x12\n\nrequest_id\x18\x07 \x01(\t2P\n\x06Scorer\x12\x46\n\tScoreDocs\x12\x1b.scorer.v1.ScoreDocsRequest\x1a\x1c.scorer.v1.ScoreDocsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,15 +36,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DOC']._serialized_start=213
   _globals['_DOC']._serialized_end=263
   _globals['_SCOREOPTIONS']._serialized_start=266
-  _globals['_SCOREOPTIONS']._serialized_end=541
-  _globals['_DOCSCORE']._serialized_start=544
-  _globals['_DOCSCORE']._serialized_end=691
-  _globals['_USAGE']._serialized_start=693
-  _globals['_USAGE']._serialized_end=790
-  _globals['_TIMING']._serialized_start=792
-  _globals['_TIMING']._serialized_end=897
-  _globals['_SCOREDOCSRESPONSE']._serialized_start=900
-  _globals['_SCOREDOCSRESPONSE']._serialized_end=1094
-  _globals['_SCORER']._serialized_start=1096
-  _globals['_SCORER']._serialized_end=1176
+  _globals['_SCOREOPTIONS']._serialized_end=583
+  _globals['_DOCSCORE']._serialized_start=586
+  _globals['_DOCSCORE']._serialized_end=733
+  _globals['_USAGE']._serialized_start=735
+  _globals['_USAGE']._serialized_end=862
+  _globals['_TIMING']._serialized_start=864
+  _globals['_TIMING']._serialized_end=969
+  _globals['_SCOREDOCSRESPONSE']._serialized_start=972
+  _globals['_SCOREDOCSRESPONSE']._serialized_end=1166
+  _globals['_SCORER']._serialized_start=1168
+  _globals['_SCORER']._serialized_end=1248
 # @@protoc_insertion_point(module_scope)

@@ -33,7 +33,7 @@ class Doc(_message.Message):
     def __init__(self, id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ScoreOptions(_message.Message):
-    __slots__ = ("scheme", "template", "label_tokens", "label_token_ids", "score_mode", "truncate", "max_doc_tokens", "group_size", "top_n", "return_label_logprobs", "doc_special_tokens", "special_tokens")
+    __slots__ = ("scheme", "template", "label_tokens", "label_token_ids", "score_mode", "truncate", "max_doc_tokens", "group_size", "top_n", "return_label_logprobs", "doc_special_tokens", "special_tokens", "prefix_cache", "cache_salt")
     SCHEME_FIELD_NUMBER: _ClassVar[int]
     TEMPLATE_FIELD_NUMBER: _ClassVar[int]
     LABEL_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -46,6 +46,8 @@ class ScoreOptions(_message.Message):
     RETURN_LABEL_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     DOC_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     scheme: str
     template: str
     label_tokens: _containers.RepeatedScalarFieldContainer[str]
@@ -58,7 +60,9 @@ class ScoreOptions(_message.Message):
     return_label_logprobs: bool
     doc_special_tokens: str
     special_tokens: str
-    def __init__(self, scheme: _Optional[str] = ..., template: _Optional[str] = ..., label_tokens: _Optional[_Iterable[str]] = ..., label_token_ids: _Optional[_Iterable[int]] = ..., score_mode: _Optional[str] = ..., truncate: _Optional[str] = ..., max_doc_tokens: _Optional[int] = ..., group_size: _Optional[int] = ..., top_n: _Optional[int] = ..., return_label_logprobs: _Optional[bool] = ..., doc_special_tokens: _Optional[str] = ..., special_tokens: _Optional[str] = ...) -> None: ...
+    prefix_cache: str
+    cache_salt: str
+    def __init__(self, scheme: _Optional[str] = ..., template: _Optional[str] = ..., label_tokens: _Optional[_Iterable[str]] = ..., label_token_ids: _Optional[_Iterable[int]] = ..., score_mode: _Optional[str] = ..., truncate: _Optional[str] = ..., max_doc_tokens: _Optional[int] = ..., group_size: _Optional[int] = ..., top_n: _Optional[int] = ..., return_label_logprobs: _Optional[bool] = ..., doc_special_tokens: _Optional[str] = ..., special_tokens: _Optional[str] = ..., prefix_cache: _Optional[str] = ..., cache_salt: _Optional[str] = ...) -> None: ...
 
 class DocScore(_message.Message):
     __slots__ = ("id", "index", "score", "label_logprobs", "doc_tokens", "truncated_tokens", "truncated_chars")
@@ -79,16 +83,18 @@ class DocScore(_message.Message):
     def __init__(self, id: _Optional[str] = ..., index: _Optional[int] = ..., score: _Optional[float] = ..., label_logprobs: _Optional[_Iterable[float]] = ..., doc_tokens: _Optional[int] = ..., truncated_tokens: _Optional[int] = ..., truncated_chars: _Optional[int] = ...) -> None: ...
 
 class Usage(_message.Message):
-    __slots__ = ("prompt_tokens", "doc_tokens", "tokens_computed", "tokens_saved")
+    __slots__ = ("prompt_tokens", "doc_tokens", "tokens_computed", "tokens_saved", "cached_prompt_tokens")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DOC_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_COMPUTED_FIELD_NUMBER: _ClassVar[int]
     TOKENS_SAVED_FIELD_NUMBER: _ClassVar[int]
+    CACHED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     doc_tokens: int
     tokens_computed: int
     tokens_saved: int
-    def __init__(self, prompt_tokens: _Optional[int] = ..., doc_tokens: _Optional[int] = ..., tokens_computed: _Optional[int] = ..., tokens_saved: _Optional[int] = ...) -> None: ...
+    cached_prompt_tokens: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., doc_tokens: _Optional[int] = ..., tokens_computed: _Optional[int] = ..., tokens_saved: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ...) -> None: ...
 
 class Timing(_message.Message):
     __slots__ = ("queue_seconds", "tokenize_seconds", "forward_seconds", "total_seconds")
