@@ -126,7 +126,7 @@ _ENGINES: dict = {}
 def _engine(build_engine, EngineConfig, settings):
     if settings not in _ENGINES:
         _ENGINES[settings] = build_engine(
-            attention_backend="torch", device="cpu", config=EngineConfig(**dict(settings))
+            attention_backend="torch", device="cpu", config=EngineConfig(**dict(settings)), prefix_cache_mib=0
         )
     return _ENGINES[settings]
 

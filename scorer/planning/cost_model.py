@@ -91,16 +91,20 @@ class CostModel:
         v = _interp3(table, _corners(self._axes, (math.log(p), math.log(max(s, 1.0)), math.log(m))))
         return math.exp(v) if math.isfinite(v) else math.inf
 
-    def predict(self, scheme: str, group_size: int, p: int, s: float, m: int) -> float:
-        """Predicted request latency (ms): the forward plus the host planner that builds its plan."""
+    def predict(self, scheme: str, group_size: int, p: int, s: float, m: int, cached: int = 0) -> float:
+        """Predicted request latency (ms): the forward plus the host planner that builds its plan.
+        ``cached`` prompt tokens in the prefix cache are not computed: the GEMMs see the uncached
+        rows, attention the full prompt as its K/V."""
         args = (scheme, group_size, p, s, m)
-        return self.predict_forward(*args) + self.predict_planner(*args)
+        return self.predict_forward(*args, cached=cached) + self.predict_planner(*args)
 
     def predict_planner(self, scheme: str, group_size: int, p: int, s: float, m: int) -> float:
         c = self.planner.get(label(scheme, group_size))
         return float(np.dot(c, planner_features(p, s, m))) if c else 0.0
 
-    def predict_forward(self, scheme: str, group_size: int, p: int, s: float, m: int) -> float:
+    def predict_forward(
+        self, scheme: str, group_size: int, p: int, s: float, m: int, cached: int = 0
+    ) -> float:
         record = get(scheme)
         name = record.label(group_size)
         coef = self.fit.get(name)
@@ -111,7 +115,7 @@ class CostModel:
         attn = self.attention_ms(name, p, s, m)
         if coef["c"] > 0 and not math.isfinite(attn):
             return math.inf
-        gemm = self.gemm_ms(record.mean_rows(p, s, m))
+        gemm = self.gemm_ms(record.mean_rows(p - cached, s, m))
         return coef["a"] + coef["b"] * gemm + (coef["c"] * self.layers * attn if coef["c"] > 0 else 0.0)
 
     def candidates(self, m: int, group_sizes: Sequence[int]) -> list[tuple[str, int]]:
@@ -125,7 +129,8 @@ class CostModel:
     def choose(self, shape: Shape, group_sizes: Sequence[int] = DEFAULT_GROUP_SIZES) -> tuple[str, int]:
         p, m = shape.prefix_len, len(shape.item_lens)
         s = sum(shape.item_lens) / max(m, 1)
-        scored = [(self.predict(sc, g, p, s, m), sc, g) for sc, g in self.candidates(m, group_sizes)]
+        c = shape.cached
+        scored = [(self.predict(sc, g, p, s, m, c), sc, g) for sc, g in self.candidates(m, group_sizes)]
         t, scheme, g = min(scored)
         return (scheme, g) if math.isfinite(t) else (RAGGED, 0)
 

@@ -17,7 +17,8 @@ Each shape is a pydantic model and two functions: one to a ``ScoreDocsRequest``,
 ``ScoreDocsResponse``. The body is validated inside the handler's call, so a bad body is answered,
 counted and logged like any bad call. An error is a JSON body ``{message, field, code, request_id}``
 (``code`` the gRPC status name, as in the metrics) with the HTTP status of ``http_status``.
-``X-Request-Id`` goes in and out; ``X-Timeout-Ms`` is the call's deadline. With an API key set,
+``X-Request-Id`` goes in and out; ``X-Timeout-Ms`` is the call's deadline; ``X-Prefix-Cache: off``
+and ``X-Cache-Salt`` are the prefix-cache options of the gRPC call. With an API key set,
 the POST routes and /info want ``Authorization: Bearer <key>`` (401 otherwise, before any work).
 
 ``start_http`` serves the app with uvicorn on the running event loop (``scorer serve --http-port``);
@@ -257,12 +258,22 @@ class HttpFront:
             self.timeout_s = _seconds(header)
             if self.timeout_s is None:
                 self._bad_timeout = header
+        self.prefix_cache = headers.get("x-prefix-cache", "")
+        self.cache_salt = headers.get("x-cache-salt", "")
 
     def check_headers(self) -> None:
         if self._bad_timeout is not None:
             raise InvalidInput(
                 "X-Timeout-Ms", f"{self._bad_timeout!r} is not a positive number of milliseconds"
             )
+        if self.prefix_cache.lower() not in ("", "on", "off"):
+            raise InvalidInput("X-Prefix-Cache", f"{self.prefix_cache!r} is not on or off")
+
+    def options(self, request: pb.ScoreDocsRequest) -> pb.ScoreDocsRequest:
+        """``request`` with the options the headers carry."""
+        request.options.prefix_cache = "off" if self.prefix_cache.lower() == "off" else ""
+        request.options.cache_salt = self.cache_salt
+        return request
 
     def deadline(self, started: float) -> float | None:
         return None if self.timeout_s is None else self.arrived + self.timeout_s
@@ -309,6 +320,7 @@ def _http_field(field: str, docs: str) -> str:
         "request_id": "X-Request-Id",
         "options.top_n": "top_n",
         "options.max_doc_tokens": "max_tokens_per_doc",
+        "options.cache_salt": "X-Cache-Salt",
     }
     return renamed.get(field, field)
 
@@ -358,7 +370,7 @@ def build_app(
             if limit is not None and len(raw) > limit:
                 raise MessageTooLarge(f"{len(raw)} bytes over --max-message-bytes {limit}")
             parsed.append(_validated(shape, raw))
-            return shape.to_request(parsed[0])
+            return front.options(shape.to_request(parsed[0]))
 
         remaining = None if front.timeout_s is None else front.arrived + front.timeout_s - time.monotonic()
         try:

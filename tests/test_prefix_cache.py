@@ -1,0 +1,252 @@
+"""The prefix cache on the CPU: with it on, every scheme scores as with it off (fp32, 1e-4) whatever
+was cached and evicted before; usage counts what it saved; leases keep what batches in flight read;
+salts and ``prefix_cache=off`` keep calls apart."""
+
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scorer import metrics
+from scorer.engine import Engine, EngineConfig
+from scorer.planning import REGISTRY
+from scorer.prefix_cache import BLOCK, PrefixCache
+from scorer.request import Doc, ScoreOptions, ScoreRequest
+from scorer.runtime import build_engine
+
+SCHEMES = list(REGISTRY)
+VOCAB = 256
+TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def off(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SCORER_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    yield build_engine(attention_backend="torch", config=EngineConfig(max_docs=64, max_doc_tokens=512))
+    mp.undo()
+
+
+def cached_engine(off: Engine, capacity: int, **config) -> Engine:
+    """``off``'s model and runner with a pool of ``capacity`` slots."""
+    mc = off.runner.model.config
+    cache = PrefixCache(capacity, mc.num_layers, mc.num_kv_heads, mc.head_dim, off.runner.dtype, off.device)
+    cfg = EngineConfig(max_docs=64, max_doc_tokens=512, **config)
+    return Engine(off.runner, off.tokenizer, cfg, cache=cache)
+
+
+def request(prompt, docs, scheme="auto", **options) -> ScoreRequest:
+    return ScoreRequest(
+        prompt="",
+        prompt_token_ids=tuple(prompt),
+        docs=[Doc(token_ids=tuple(d), id=f"d{i}") for i, d in enumerate(docs)],
+        options=ScoreOptions(scheme=scheme, template="plain", **options),
+    )
+
+
+def scores(result) -> list[float]:
+    return [d.score for d in sorted(result.results, key=lambda d: d.index)]
+
+
+def assert_close(a, b):
+    assert len(a.results) == len(b.results)
+    torch.testing.assert_close(
+        torch.tensor(scores(a), dtype=torch.float64),
+        torch.tensor(scores(b), dtype=torch.float64),
+        atol=TOL,
+        rtol=0,
+    )
+
+
+call_st = st.tuples(
+    st.integers(0, 3),  # which of four contexts the prompt starts with
+    st.integers(0, 40),  # tokens of its own after the context
+    st.lists(st.integers(1, 30), min_size=1, max_size=6),  # doc lengths
+    st.sampled_from(SCHEMES),
+    st.integers(0, 2**16),  # seed of its tokens
+)
+
+
+@settings(max_examples=25)
+@given(
+    calls=st.lists(call_st, min_size=2, max_size=8),
+    capacity=st.sampled_from([300, 700, 4000]),
+    batch=st.integers(1, 3),
+)
+def test_every_scheme_scores_as_without_the_cache_whatever_it_holds(off, calls, capacity, batch):
+    """Random calls over four shared contexts, batched, on a pool small enough to evict: each scores
+    as alone without the cache."""
+    on = cached_engine(off, capacity)
+    rng = random.Random(len(calls))
+    contexts = [[rng.randrange(VOCAB) for _ in range(rng.randrange(1, 120))] for _ in range(4)]
+    reqs = []
+    for ctx, own, doc_lens, scheme, seed in calls:
+        r = random.Random(seed)
+        prompt = contexts[ctx] + [r.randrange(VOCAB) for _ in range(own)]
+        reqs.append(request(prompt, [[r.randrange(VOCAB) for _ in range(n)] for n in doc_lens], scheme))
+    for i in range(0, len(reqs), batch):
+        chunk = reqs[i : i + batch]
+        got = on.score_batch([on.tokenize(r) for r in chunk])
+        for r, result in zip(chunk, got, strict=True):
+            assert_close(result, off.score(r))
+    assert on.cache.free_slots + on.cache.cached_blocks * BLOCK == capacity  # nothing leaked
+
+
+def test_a_repeated_prompt_is_computed_once_and_usage_says_so(off):
+    on = cached_engine(off, 4000)
+    rng = random.Random(1)
+    prompt = [rng.randrange(VOCAB) for _ in range(100)]
+    docs = [[rng.randrange(VOCAB) for _ in range(10)] for _ in range(5)]
+    first = on.score(request(prompt, docs, "ragged"))
+    second = on.score(request(prompt, docs, "ragged"))
+    assert first.usage.cached_prompt_tokens == 0
+    assert first.usage.tokens_computed == 100 + 50
+    assert second.usage.cached_prompt_tokens == 96  # whole blocks of 16
+    assert second.usage.tokens_computed == 4 + 50
+    assert second.usage.tokens_saved == 5 * 100 + 50 - (4 + 50)  # every doc alone, minus computed
+    assert_close(first, second)
+
+
+def test_calls_of_one_batch_with_the_same_new_prompt_compute_it_once(off):
+    on = cached_engine(off, 4000)
+    rng = random.Random(2)
+    prompt = [rng.randrange(VOCAB) for _ in range(64)]
+    docs = [[rng.randrange(VOCAB) for _ in range(8)] for _ in range(3)]
+    before = off.runner.stats["tokens_computed"]
+    a, b = on.score_batch([on.tokenize(request(prompt, docs, "multi_item")) for _ in range(2)])
+    assert (a.usage.cached_prompt_tokens, b.usage.cached_prompt_tokens) == (0, 64)
+    assert off.runner.stats["tokens_computed"] - before == 64 + 2 * 24
+    assert_close(a, off.score(request(prompt, docs, "multi_item")))
+    assert_close(b, a)
+
+
+def test_a_new_query_on_the_same_template_reuses_the_template_head(off):
+    on = cached_engine(off, 4000)
+    calls = [
+        ScoreRequest(prompt=q, docs=[Doc(text="a shared prefix is computed once")])
+        for q in ("first query", "another")
+    ]
+    first, second = (on.score(r) for r in calls)
+    head = on.tokenize(calls[0]).prefix_ids
+    other = on.tokenize(calls[1]).prefix_ids
+    common = next(i for i, (x, y) in enumerate(zip(head, other, strict=False)) if x != y)
+    assert first.usage.cached_prompt_tokens == 0
+    assert second.usage.cached_prompt_tokens == common // BLOCK * BLOCK > 0
+    assert_close(second, off.score(calls[1]))
+
+
+def test_salts_never_share_and_off_neither_reads_nor_writes(off):
+    on = cached_engine(off, 4000)
+    prompt = list(range(1, 65))
+    docs = [[5, 6, 7]]
+    on.score(request(prompt, docs, cache_salt="tenant-a"))
+    assert on.score(request(prompt, docs, cache_salt="tenant-b")).usage.cached_prompt_tokens == 0
+    assert on.score(request(prompt, docs, cache_salt="tenant-a")).usage.cached_prompt_tokens == 64
+    blocks, stats = on.cache.cached_blocks, dict(on.cache.stats)
+    other = list(range(100, 164))
+    assert on.score(request(other, docs, prefix_cache="off")).usage.cached_prompt_tokens == 0
+    assert (
+        on.score(request(prompt, docs, prefix_cache="off", cache_salt="tenant-a")).usage.cached_prompt_tokens
+        == 0
+    )
+    assert (on.cache.cached_blocks, on.cache.stats) == (blocks, stats)  # nothing read, nothing written
+
+
+def test_a_call_split_over_the_token_budget_reads_the_cache_too(off):
+    on = cached_engine(off, 4000, max_tokens_per_pass=120)
+    rng = random.Random(3)
+    prompt = [rng.randrange(VOCAB) for _ in range(80)]
+    docs = [[rng.randrange(VOCAB) for _ in range(20)] for _ in range(8)]
+    for scheme in SCHEMES:
+        if REGISTRY[scheme].explicit_mask:
+            continue
+        for _ in range(2):
+            got = on.score(request(prompt, docs, scheme))
+            assert_close(got, off.score(request(prompt, docs, scheme)))
+        assert got.usage.cached_prompt_tokens == 80
+
+
+def test_batches_in_flight_keep_what_they_read_and_a_full_pool_runs_off_it(off):
+    """Two batches launched before either is collected on a pool that holds one prompt beside a
+    batch: the second cannot evict what the first holds, so it runs on its own K/V; both score as
+    without the cache, and the held blocks are still there afterwards."""
+    on = cached_engine(off, 160)
+    rng = random.Random(4)
+    p1, p2 = ([rng.randrange(VOCAB) for _ in range(96)] for _ in range(2))
+    docs = [[rng.randrange(VOCAB) for _ in range(10)] for _ in range(2)]
+    collect1 = on.launch([on.tokenize(request(p1, docs, "ragged"))])
+    held = on.cache.cached_blocks
+    assert held == 96 // BLOCK
+    collect2 = on.launch([on.tokenize(request(p2, docs, "ragged"))])
+    assert on.cache.cached_blocks == held  # nothing of the first batch evicted
+    assert on.cache.stats["off_pool_batches"] == 1
+    (r1,), (r2,) = collect1(), collect2()
+    assert_close(r1, off.score(request(p1, docs, "ragged")))
+    assert_close(r2, off.score(request(p2, docs, "ragged")))
+    assert r2.usage.cached_prompt_tokens == 0
+    r3 = on.score(request(p2, docs, "ragged"))  # now the first batch's blocks can go
+    assert r3.usage.cached_prompt_tokens == 0 and on.cache.stats["evictions"] > 0
+    assert_close(r3, r2)
+    assert on.score(request(p2, docs, "ragged")).usage.cached_prompt_tokens == 96
+
+
+def test_a_batch_that_fails_to_launch_leaves_nothing_behind(off, monkeypatch):
+    on = cached_engine(off, 4000)
+    prompt = list(range(10, 74))
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("the device fell over")
+
+    monkeypatch.setattr(on.runner, "forward", boom)
+    with pytest.raises(RuntimeError):
+        on.score(request(prompt, [[1, 2]]))
+    monkeypatch.undo()
+    assert on.cache.cached_blocks == 0 and on.cache.free_slots == 4000
+    assert on.score(request(prompt, [[1, 2]])).usage.cached_prompt_tokens == 0  # its blocks were dropped
+
+
+def test_the_metrics_count_hits_lookups_evictions_and_bytes(off):
+    def value(name, **labels):
+        return metrics.REGISTRY.get_sample_value(name, labels) or 0.0
+
+    before = {
+        n: value(n)
+        for n in ("scorer_prefix_cache_hit_tokens_total", "scorer_prefix_cache_lookup_tokens_total")
+    }
+    on = cached_engine(off, 150)
+    prompt = list(range(1, 97))
+    for _ in range(2):
+        on.score(request(prompt, [[3, 4]]))
+    assert (
+        value("scorer_prefix_cache_hit_tokens_total") - before["scorer_prefix_cache_hit_tokens_total"] == 96
+    )
+    assert (
+        value("scorer_prefix_cache_lookup_tokens_total") - before["scorer_prefix_cache_lookup_tokens_total"]
+        == 192
+    )
+    assert value("scorer_prefix_cache_bytes", kind="capacity") == 150 * on.cache.slot_bytes
+    assert value("scorer_prefix_cache_bytes", kind="used") == 96 * on.cache.slot_bytes
+    evictions = value("scorer_prefix_cache_evictions_total")
+    on.score(request(list(range(100, 196)), [[3, 4]]))
+    assert value("scorer_prefix_cache_evictions_total") > evictions
+
+
+def test_auto_costs_a_call_by_its_uncached_part(off):
+    on = cached_engine(off, 4000)
+    prompt = list(range(1, 130))
+    docs = [[1, 2, 3]] * 4
+    assert on.tokenize(request(prompt, docs)).shape.cached == 0
+    on.score(request(prompt, docs))
+    job = on.tokenize(request(prompt, docs))
+    assert job.shape.cached == 128
+    assert job.tokens == 1 + 4 * 3
+
+
+def test_the_pool_is_sized_in_mib_and_zero_turns_it_off(off):
+    mc = off.runner.model.config
+    assert PrefixCache.for_model(0, mc, torch.float32, off.device) is None
+    cache = PrefixCache.for_model(1, mc, torch.float32, off.device)
+    assert cache.capacity == 2**20 // cache.slot_bytes
+    assert cache.k.shape == (mc.num_layers, cache.capacity, mc.num_kv_heads, mc.head_dim)
