@@ -16,6 +16,15 @@ FLOPs of a call of prompt P and N docs of S tokens, L layers, hidden h, MLP widt
 kv width kv, vocabulary V: ``2L(h(q+2kv) + qh + 3hi)(P+NS) + 4Lq(P^2/2 + NS(P+S/2)) + 2hVN``.
 The JSON (``throughput.json``) is written after every record.
 
+The prefix cache (``auto+cache``: ``auto`` with a pool of ``CACHE_GIB``, beside ``auto`` without
+one, in the same run) is measured on calls that repeat what search backends resend: ``D-repeat``
+(an 8,000-token context reused by 50 consecutive calls of 32 x 4-token docs, then the next
+context), ``B-repeat`` (2,000 + 100 x 100, 10 calls per context) and ``A-text`` (the load tool's
+text calls of A with the reranker template, tokenized by the embedded tokenizer: only the template
+head repeats). These run once through their calls in order, each tokenized just before its batch
+is formed (so ``auto`` and the batch's token count see what is cached, as in the server), and
+record the hit rate and the pool's size.
+
     python -m bench.throughput --out out/ [--models qwen3-0.6b] [--workloads A,E] [--systems auto,hf_naive]
 """
 
@@ -35,6 +44,7 @@ from scorer.attention import HeadSpec
 from scorer.attention.torch_ref import TorchBackend
 from scorer.engine import Engine, EngineConfig
 from scorer.planning import REGISTRY
+from scorer.prefix_cache import PrefixCache
 from scorer.request import Doc, ScoreOptions, ScoreRequest
 from scorer.runner import ModelRunner
 
@@ -60,9 +70,17 @@ WORKLOADS = {  # prompt tokens, docs, doc tokens (a float: log-normal around it)
     "C": (100, 50, 400),
     "D": (8000, 32, 4),
     "E": (200, 20, 60),
+    "D-repeat": (8000, 32, 4),
+    "B-repeat": (2000, 100, 100),
+    "A-text": (300, 10, 50),
 }
+REUSE = {"D-repeat": 50, "B-repeat": 10}
+"""Consecutive calls that share one context (the prompt), per repeat workload."""
+STREAMED = ("D-repeat", "B-repeat", "A-text")
+CACHE_GIB = 16
+"""The pool of the ``+cache`` systems (an H200 has room; the CPU smoke run allocates it lazily)."""
 DEFAULT = {
-    "qwen3-0.6b": ("A", "A'", "B", "C", "D", "E"),
+    "qwen3-0.6b": ("A", "A'", "B", "C", "D", "E", "D-repeat", "B-repeat", "A-text"),
     "qwen3-8b": ("A", "B"),
     "smoke": ("A", "A'"),
 }
@@ -71,15 +89,19 @@ LABELS = (1, 2)
 
 
 def calls(workload: str, n: int, vocab: int, seed: int = 0) -> list[ScoreRequest]:
+    if workload == "A-text":
+        return text_calls(n, seed)
     p, m, s = WORKLOADS[workload]
     rng = random.Random(seed)
+    reuse = REUSE.get(workload, 1)
 
     def doc_len() -> int:
         return max(1, round(rng.lognormvariate(math.log(s), 0.5))) if isinstance(s, float) else s
 
     out = []
     for i in range(n):
-        prompt = tuple(rng.randrange(vocab) for _ in range(p))
+        if i % reuse == 0:
+            prompt = tuple(rng.randrange(vocab) for _ in range(p))
         docs = [
             Doc(id=str(j), token_ids=tuple(rng.randrange(vocab) for _ in range(doc_len()))) for j in range(m)
         ]
@@ -93,6 +115,27 @@ def calls(workload: str, n: int, vocab: int, seed: int = 0) -> list[ScoreRequest
             )
         )
     return out
+
+
+def text_calls(n: int, seed: int = 0) -> list[ScoreRequest]:
+    """The load tool's text calls of A (300-token prompt, 10 docs of 50 tokens, the reranker
+    template), in the embedded tokenizer's tokens."""
+    from loadtest.gen import GenConfig, TextSource, generate, load_tokenizer, parse_dist
+    from loadtest.words import WORDS
+    from scorer.models.tiny import ensure_tiny_model
+    from scorer.server.convert import request_from_proto
+
+    source = TextSource(WORDS, False, load_tokenizer(str(ensure_tiny_model())), 1.3)
+    cfg = GenConfig(
+        requests=n,
+        docs=parse_dist("10"),
+        prompt_tokens=parse_dist("fixed:300", source),
+        doc_tokens=parse_dist("fixed:50", source),
+        schemes={"auto": 1.0},
+        seed=seed,
+        template="qwen3_reranker",
+    )
+    return [request_from_proto(r, str(i)) for i, r in enumerate(generate(cfg, source))]
 
 
 def useful_flops(cfg: dict, p: int, lens: list[int]) -> float:
@@ -179,6 +222,52 @@ def engine_system(engine: Engine, reqs: list[ScoreRequest], scheme: str, seconds
     }
 
 
+def streamed_system(
+    engine: Engine, reqs: list[ScoreRequest], scheme: str, seconds: float, budget: int
+) -> dict:
+    """One pass through ``reqs`` in order (at most ``seconds``), each call tokenized just before
+    its batch is formed, batches under ``budget`` tokens pipelined as the server runs them."""
+    from dataclasses import replace
+
+    reqs = [replace(r, options=replace(r.options, scheme=scheme)) for r in reqs]
+    engine.score_batch([engine.tokenize(reqs[-1])])  # warm the kernels on a shape of the workload
+    if engine.cache is not None:
+        engine.cache.clear()  # and start from an empty pool
+    sync(engine.device)
+    _reset_peak(engine.device)
+    docs, prompt, cached, t0, waiting, i = 0, 0, 0, time.perf_counter(), None, 0
+    while i < len(reqs) and time.perf_counter() - t0 < seconds:
+        batch, n = [], 0
+        while i < len(reqs):
+            job = engine.tokenize(reqs[i])
+            if batch and n + job.tokens > budget:
+                break
+            batch.append(job)
+            n += job.tokens
+            i += 1
+        launched = engine.launch(batch)
+        if waiting is not None:
+            done = waiting()
+            cached += sum(r.usage.cached_prompt_tokens for r in done)
+            prompt += sum(r.usage.prompt_tokens for r in done)
+        waiting = launched
+        docs += sum(len(j.items) for j in batch)
+    done = waiting()
+    cached += sum(r.usage.cached_prompt_tokens for r in done)
+    prompt += sum(r.usage.prompt_tokens for r in done)
+    wall = time.perf_counter() - t0
+    out = {
+        "docs_s": docs / wall,
+        "calls": i,
+        "peak_gib": _peak_gib(engine.device),
+        "prefix_cache": engine.cache is not None,
+        "hit_rate": cached / max(prompt, 1),
+    }
+    if engine.cache is not None:
+        out |= {"pool_gib": engine.cache.capacity * engine.cache.slot_bytes / 2**30, **engine.cache.stats}
+    return out
+
+
 def hf_model(cfg: dict, device: torch.device):
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -257,7 +346,8 @@ def _hf_prefix(model, req: ScoreRequest, bsz: int, device) -> None:
 
 
 def engine_for(cfg: dict, device: torch.device, kernels: str, budget: int) -> Engine:
-    """The serving configuration (FlashInfer, CUDA graphs); the torch reference on the CPU (smoke)."""
+    """The serving configuration (FlashInfer, CUDA graphs); the torch reference on the CPU (smoke);
+    the embedded tokenizer, for the text calls."""
     cuda = device.type == "cuda"
     model = build_model(device, cfg["num_hidden_layers"], kernels if cuda else "torch", cfg)
     mc = model.config
@@ -270,7 +360,16 @@ def engine_for(cfg: dict, device: torch.device, kernels: str, budget: int) -> En
         backend = TorchBackend(spec)
     runner = ModelRunner(model, backend, 16384 if cuda else 0)
     runner.capture_graphs()
-    return Engine(runner, None, EngineConfig(max_tokens_per_pass=budget, auto_policy="calibrated"))
+    config = EngineConfig(max_tokens_per_pass=budget, auto_policy="calibrated")
+    return Engine(runner, embedded_tokenizer(), config)
+
+
+def embedded_tokenizer():
+    from transformers import AutoTokenizer
+
+    from scorer.models.tiny import ensure_tiny_model
+
+    return AutoTokenizer.from_pretrained(str(ensure_tiny_model()), local_files_only=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -280,7 +379,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workloads", default="", help="comma-separated (default: every one of the model)")
     ap.add_argument("--systems", default="", help="auto, auto@flashinfer, a scheme, hf_naive, hf_prefix")
     ap.add_argument("--seconds", type=float, default=4.0, help="per system, at saturation")
+    ap.add_argument("--cache-systems", default="auto,auto+cache", help="the systems of the repeat workloads")
     ap.add_argument("--calls", type=int, default=64)
+    ap.add_argument(
+        "--repeat-calls", type=int, default=500, help="calls of a repeat workload, run once in order"
+    )
     ap.add_argument("--budget", type=int, default=16384, help="tokens per batch, as the server's batcher")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--budget-s", type=float, default=1e9, help="no new record after this many seconds")
@@ -300,21 +403,25 @@ def main(argv: list[str] | None = None) -> None:
             else ("auto", "auto@flashinfer", *REGISTRY, "hf_naive", "hf_prefix")
         )
         systems = [s for s in (a.systems.split(",") if a.systems else default_systems) if s]
+        cache_systems = [s for s in a.cache_systems.split(",") if s]
         workloads = a.workloads.split(",") if a.workloads else DEFAULT[name]
         engines: dict[str, object] = {}  # built on first use, kept for every workload
         for w in workloads:
-            reqs = calls(w, a.calls, cfg["vocab_size"])
+            streamed = w in STREAMED
+            reqs = calls(w, a.repeat_calls if streamed else a.calls, cfg["vocab_size"])
             p = WORKLOADS[w][0]
             per_doc = statistics.mean(
                 useful_flops(cfg, p, [len(d.token_ids) for d in r.docs]) / len(r.docs) for r in reqs
             )
-            for system in systems:
+            for system in cache_systems if streamed else systems:
                 rec = {"model": name, "workload": w, "system": system}
                 if time.monotonic() > stop_at:
                     rec["skipped"] = "time budget of the run"
                     result["records"].append(rec)
                     continue
                 kernels = "hf" if system.startswith("hf_") else "flashinfer" if "@" in system else "fused"
+                key = kernels + ("+cache" if system.endswith("+cache") else "")
+                scheme = system.split("@")[0].removesuffix("+cache")
                 try:
                     if kernels not in engines:
                         engines[kernels] = (
@@ -322,16 +429,21 @@ def main(argv: list[str] | None = None) -> None:
                             if kernels == "hf"
                             else engine_for(cfg, device, kernels, a.budget)
                         )
+                    if key not in engines:  # the same model and runner, with a pool
+                        base = engines[kernels]
+                        mc = base.runner.model.config
+                        cache = PrefixCache.for_model(CACHE_GIB << 10, mc, base.runner.dtype, device)
+                        engines[key] = Engine(base.runner, base.tokenizer, base.config, cache=cache)
                     if kernels == "hf":
-                        rec |= hf_system(engines[kernels], reqs, system == "hf_prefix", a.seconds)
+                        rec |= hf_system(engines[key], reqs, system == "hf_prefix", a.seconds)
+                    elif streamed:
+                        rec |= streamed_system(engines[key], reqs, scheme, a.seconds, a.budget)
                     else:
-                        rec |= engine_system(
-                            engines[kernels], reqs, system.split("@")[0], a.seconds, a.budget
-                        )
+                        rec |= engine_system(engines[key], reqs, scheme, a.seconds, a.budget)
                 except Exception as e:  # noqa: BLE001  (recorded; the run goes on)
                     rec["error"] = f"{type(e).__name__}: {e}"[:300]
                     torch.cuda.empty_cache()
-                if "docs_s" in rec:
+                if "docs_s" in rec and not streamed:  # a cached prompt is not "useful FLOPs" run
                     rec["mfu"] = rec["docs_s"] * per_doc / peak
                     rec["roofline_docs_s"] = peak / per_doc
                 result["records"].append(rec)
@@ -347,7 +459,7 @@ def _row(r: dict) -> str:
         return f"| {r['model']} | {r['workload']} | {r['system']} | {why} | | | | |"
     cells = [
         f"{r['docs_s']:,.0f}",
-        f"{r['mfu']:.3f}",
+        f"{r.get('mfu', math.nan):.3f}",
         f"{r.get('idle_p50_ms', math.nan):.1f}",
         f"{r.get('idle_p95_ms', math.nan):.1f}",
         f"{r.get('peak_gib', math.nan):.1f}",

@@ -173,6 +173,7 @@ class GenConfig:
     schemes: dict[str, float]
     seed: int = 0
     distinct_prompts: int = 0
+    prompt_reuse: int = 0  # each prompt serves this many consecutive calls (0: distinct_prompts')
     token_ids: bool = False
     id_range: tuple[int, int] = DEFAULT_ID_RANGE
     template: str = ""
@@ -188,13 +189,14 @@ def generate(cfg: GenConfig, source: TextSource) -> list[scorer_pb2.ScoreDocsReq
     weights = np.array([cfg.schemes[n] for n in names], dtype=float)
     scheme_idx = rng.choice(len(names), size=cfg.requests, p=weights / weights.sum())
     n_docs = cfg.docs.sample(rng, cfg.requests)
-    n_prompts = cfg.distinct_prompts or cfg.requests
+    reuse = cfg.prompt_reuse
+    n_prompts = -(-cfg.requests // reuse) if reuse else cfg.distinct_prompts or cfg.requests
     prompt_lens = cfg.prompt_tokens.sample(rng, n_prompts)
     prompts = [_prompt(cfg, source, rng, int(n)) for n in prompt_lens]
     out = []
     for i in range(cfg.requests):
         req = scorer_pb2.ScoreDocsRequest(request_id=f"lt{cfg.seed}-{i:06d}", instruction=cfg.instruction)
-        prompt = prompts[i % n_prompts if cfg.distinct_prompts else i]
+        prompt = prompts[i // reuse if reuse else i % n_prompts]
         if cfg.token_ids:
             req.prompt_token_ids.extend(prompt)
         else:
@@ -249,6 +251,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--distinct-prompts", type=int, default=0, help="reuse K prompts in turn (0: all distinct)"
     )
+    p.add_argument(
+        "--prompt-reuse",
+        type=int,
+        default=0,
+        help="each prompt serves K consecutive calls, then the next (one user's context over several"
+        " queries: what the prefix cache keeps); 0: --distinct-prompts decides",
+    )
     text = p.add_mutually_exclusive_group()
     text.add_argument("--words", type=Path, help="word list file (default: built-in list)")
     text.add_argument("--corpus", type=Path, help="text file; docs are windows of its words")
@@ -283,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
             schemes=parse_scheme_mix(args.scheme),
             seed=args.seed,
             distinct_prompts=args.distinct_prompts,
+            prompt_reuse=args.prompt_reuse,
             token_ids=args.token_ids,
             id_range=(lo, hi),
             template=args.template,

@@ -63,7 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="grpc",
         help="gRPC ScoreDocs (default), or an HTTP rerank shape: cohere, jina, tei (loadtest/http_api.py)",
     )
-    p.add_argument("--requests", type=Path, required=True, help="JSONL from loadtest.gen (cycled)")
+    p.add_argument(
+        "--requests",
+        type=Path,
+        required=True,
+        help="JSONL from loadtest.gen (cycled; each run of a sweep goes on where the last stopped)",
+    )
     p.add_argument("--out", type=Path, required=True, help="report directory")
     load = p.add_mutually_exclusive_group(required=True)
     load.add_argument("--rate", type=float, help="open loop: calls/s offered")
@@ -158,12 +163,15 @@ def main(argv: list[str] | None = None) -> int:
     for scheme in schemes:
         calls = http_api.compile_calls(requests, args.api) if http else compile_calls(requests, scheme)
         name = series_name(calls)
+        sent = 0  # each run of a sweep goes on where the last stopped (a repeated context stays new)
         for rate in rates:
             label = f"{name} @ {rate:g}/s" if rate else f"{name} x{args.concurrency} concurrent"
             label = f"{args.api} {label}" if http else label
             cfg = DriveConfig(**base, rate=rate, label=label)
             try:
-                summary, a = run_one(cfg, calls, args.warmup, args.metrics_url)
+                at = sent % len(calls)
+                summary, a = run_one(cfg, calls[at:] + calls[:at], args.warmup, args.metrics_url)
+                sent += summary["client_totals"]["requests"]
             except (ConnectionError, ValueError, OSError) as e:
                 print(f"error: {label}: {e}", file=sys.stderr)
                 return 1

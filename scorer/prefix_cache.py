@@ -196,6 +196,15 @@ class PrefixCache:
                 self._release(slots)
             self._report()
 
+    def clear(self) -> None:
+        """Evict every block no batch holds, and zero ``stats``."""
+        with self._lock:
+            self.stats = dict.fromkeys(self.stats, 0)
+            for blk in sorted(self._lru.values(), key=lambda b: -b.id):  # children before parents
+                if blk.refs == 0 and blk.children == 0:
+                    self._evict(blk, count=False)
+            self._report()
+
     # -- slots -----------------------------------------------------------------------------------
 
     def alloc(self, n: int) -> torch.Tensor | None:

@@ -125,6 +125,16 @@ def test_gen_text_has_exact_token_counts_with_a_tokenizer(tmp_path: Path) -> Non
     assert reqs[0].prompt == reqs[2].prompt != reqs[1].prompt
 
 
+def test_gen_prompt_reuse_sends_each_context_on_consecutive_calls(tmp_path: Path) -> None:
+    reqs = _gen(
+        tmp_path / "r.jsonl", "--requests", "7", "--docs", "2", "--prompt-tokens", "40",
+        "--token-ids", "--prompt-reuse", "3",
+    )  # fmt: skip
+    prompts = [tuple(r.prompt_token_ids) for r in reqs]
+    assert prompts[0] == prompts[1] == prompts[2] != prompts[3] == prompts[4] == prompts[5] != prompts[6]
+    assert len(set(prompts)) == 3
+
+
 def test_gen_corpus_and_length_file(tmp_path: Path) -> None:
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("alpha beta gamma delta epsilon zeta eta theta iota kappa\n" * 5)

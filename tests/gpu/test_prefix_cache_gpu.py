@@ -1,0 +1,70 @@
+"""The prefix cache on the GPU (bf16, FlashInfer, CUDA graphs): every scheme reading cached K/V
+scores as the same engine without the cache, within the bf16 bounds and in the same order.
+Skipped without CUDA and flashinfer."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs CUDA", allow_module_level=True)
+pytest.importorskip("flashinfer")
+
+from scorer.engine import Engine, EngineConfig  # noqa: E402
+from scorer.planning import REGISTRY  # noqa: E402
+from scorer.prefix_cache import PrefixCache  # noqa: E402
+from scorer.request import Doc, ScoreOptions, ScoreRequest  # noqa: E402
+from scorer.runtime import build_engine  # noqa: E402
+
+TOL = 0.05
+
+
+@pytest.fixture(scope="module")
+def engines(checkpoint):
+    off = build_engine(checkpoint, "flashinfer", "cuda", torch.bfloat16, EngineConfig())
+    assert off.runner.capture_graphs() > 0 and off.cache is None
+    mc = off.runner.model.config
+    cache = PrefixCache(3000, mc.num_layers, mc.num_kv_heads, mc.head_dim, torch.bfloat16, off.device)
+    return off, Engine(off.runner, off.tokenizer, off.config, cache=cache)
+
+
+def calls(scheme: str, seed: int, vocab: int) -> list[ScoreRequest]:
+    """Three calls on one 200-token context with a query of their own, and one on another."""
+    rng = random.Random(seed)
+    contexts = [[rng.randrange(vocab) for _ in range(200)] for _ in range(2)]
+    out = []
+    for ctx in (0, 0, 1, 0):
+        prompt = contexts[ctx] + [rng.randrange(vocab) for _ in range(rng.randint(0, 30))]
+        docs = [
+            Doc(token_ids=tuple(rng.randrange(vocab) for _ in range(rng.randint(1, 40)))) for _ in range(6)
+        ]
+        out.append(
+            ScoreRequest(
+                "",
+                docs,
+                prompt_token_ids=tuple(prompt),
+                options=ScoreOptions(scheme=scheme, template="plain", score_mode="logprob"),
+            )
+        )
+    return out
+
+
+@pytest.mark.parametrize("scheme", [*REGISTRY, "auto"])
+def test_every_scheme_on_cached_kv_scores_as_without_the_cache(engines, scheme):
+    off, on = engines
+    reqs = calls(scheme, len(scheme), off.runner.model.config.vocab_size)
+    want = [d.score for r in reqs for d in off.score(r).results]
+    got, cached = [], 0
+    for batch in (reqs[:2], reqs[2:]):  # the second call of the first batch reads the first's blocks
+        for r in on.score_batch([on.tokenize(q) for q in batch]):
+            got += [d.score for d in r.results]
+            cached += r.usage.cached_prompt_tokens
+    assert cached >= 3 * 192
+    worst = max(abs(a - b) for a, b in zip(got, want, strict=True))
+    assert worst < TOL, f"{scheme}: max |cache on - cache off| = {worst:.4f}"
+    pairs = [(i, j) for i in range(len(want)) for j in range(i) if abs(want[i] - want[j]) > TOL]
+    assert all((want[i] > want[j]) == (got[i] > got[j]) for i, j in pairs)
