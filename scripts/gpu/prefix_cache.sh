@@ -9,7 +9,7 @@ SECS="${2:-4}"
 case "$1" in
 engine)
   python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider -x 2>&1 | tail -25 | tee "$OUT/gpu-tests.log"
-  python3 -m bench.throughput --models qwen3-0.6b --workloads A,D-repeat,B-repeat,A-text --systems auto \
+  python3 -m bench.throughput --models qwen3-0.6b --workloads "${WORKLOADS:-A,D-repeat,B-repeat,A-text}" --systems auto \
     --seconds "$SECS" --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/throughput.md"
   ;;
 served)
