@@ -88,10 +88,11 @@ class Engine:
             self.peek if self.cache is not None else None,
         )
 
-    def peek(self, prefix: tuple[int, ...], options: ScoreOptions) -> int:
-        """Prompt tokens of ``prefix`` the prefix cache holds now, for this call's options."""
+    def peek(self, prefix: tuple[int, ...], options: ScoreOptions) -> tuple[int, tuple]:
+        """Prompt tokens of ``prefix`` the prefix cache holds now, for this call's options, and
+        their blocks (see ``PrefixCache.peek``)."""
         if self.cache is None or options.prefix_cache == "off":
-            return 0
+            return 0, ()
         return self.cache.peek(prefix, options.cache_salt)
 
     def resolve(self, shape: Shape, options: ScoreOptions) -> tuple[Scheme, int]:
@@ -105,11 +106,16 @@ class Engine:
         scheme = get(name)
         return scheme, (options.group_size or self.config.group_size) if scheme.grouped else 0
 
-    def plan(self, jobs: Sequence[Job]) -> Plan:
-        """One checked plan for the batch (see ``planning.plan_batch``)."""
+    def plan(self, jobs: Sequence[Job], cached: Sequence[int] = ()) -> Plan:
+        """One checked plan for the batch (see ``planning.plan_batch``); ``cached``: the prompt
+        tokens of each job read from the prefix cache, left out of the plan (see ``on_pool``)."""
         c = self.config
+        cached = cached or [0] * len(jobs)
+        shapes = [Shape(j.shape.prefix_len - n, j.shape.item_lens) for j, n in zip(jobs, cached, strict=True)]
         return plan_batch(
-            [(j.shape, j.scheme, j.group_size) for j in jobs], c.max_tokens_per_pass, c.max_custom_mask_tokens
+            [(s, j.scheme, j.group_size) for s, j in zip(shapes, jobs, strict=True)],
+            c.max_tokens_per_pass,
+            c.max_custom_mask_tokens,
         )
 
     def score(self, req: ScoreRequest) -> ScoreResult:
@@ -124,11 +130,10 @@ class Engine:
         the device. Returns the function that waits for the scores and returns the results, in
         batch order; a server starts the next batch before calling it, so that its planning
         overlaps this batch's forward."""
-        plan = self.plan(jobs)
+        plan, lease, cached = self._plan_on_cache(jobs)
         ordered = [jobs[i] for i in plan.requests]
-        plan, lease, cached = self._on_cache(plan, ordered)
         try:
-            ids, positions = logical_tokens(ordered, self.device)
+            ids, positions = logical_tokens(ordered, self.device, cached)
             rows = self.runner.forward(plan, ids, positions, self.cache)
             picked = readout.label_logprobs(self.runner.model, rows, ordered)
             done = None
@@ -153,35 +158,43 @@ class Engine:
 
         return collect
 
-    def _on_cache(self, plan: Plan, ordered: Sequence[Job]) -> tuple[Plan, Lease | None, list[int]]:
-        """``plan`` on the prefix cache's pool, the lease it holds and each request's cached
-        prompt tokens; ``plan`` itself when no call of the batch uses the cache or the batch does
-        not fit the pool beside the batches in flight (it then runs on its own K/V)."""
-        use = [self.cache is not None and j.options.prefix_cache != "off" for j in ordered]
+    def _plan_on_cache(self, jobs: Sequence[Job]) -> tuple[Plan, Lease | None, list[int]]:
+        """The batch's plan, the lease it holds of the prefix cache and each planned request's
+        cached prompt tokens (plan order). Off the cache (no lease, nothing cached) when no call
+        of the batch uses it or the batch does not fit the pool beside the batches in flight."""
+        use = [self.cache is not None and j.options.prefix_cache != "off" for j in jobs]
         if not any(use):
-            return plan, None, []
+            return self.plan(jobs), None, []
         prompts = [
-            (j.prefix_ids, j.options.cache_salt) if u else None for j, u in zip(ordered, use, strict=True)
+            (j.prefix_ids, j.options.cache_salt, j.cache_hint) if u else None
+            for j, u in zip(jobs, use, strict=True)
         ]
         hits, lease = self.cache.reserve(prompts)
         try:
-            pooled = on_pool(plan, hits, lease.alloc_scratch)
+            plan = self.plan(jobs, [h.num_cached for h in hits])
+            hits = [hits[i] for i in plan.requests]
+            return on_pool(plan, hits, lease.alloc_scratch), lease, [h.num_cached for h in hits]
         except PoolFull:
             lease.abort()
             self.cache.stats["off_pool_batches"] += 1
-            return plan, None, []
+            return self.plan(jobs), None, []
         except BaseException:
             lease.abort()
             raise
-        return pooled, lease, [h.num_cached for h in hits]
 
 
-def logical_tokens(batch: Sequence[Job], device) -> tuple[torch.Tensor, torch.Tensor]:
+def logical_tokens(
+    batch: Sequence[Job], device, cached: Sequence[int] = ()
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids and positions of the batch's logical token space (see planning.base): each
-    request's prefix at positions 0.., then each of its items at positions P.. (vectorised: a
-    serving batch holds ~15k tokens)."""
-    chunks = [c for t in batch for c in (t.prefix_ids, *t.items)]
-    starts = [s for t in batch for s in (0, *(len(t.prefix_ids),) * len(t.items))]
+    request's prefix at positions 0.. (``cached[r]``.. when its first tokens come from the prefix
+    cache), then each of its items at positions P.. (vectorised: a serving batch holds ~15k
+    tokens)."""
+    cached = cached or [0] * len(batch)
+    chunks = [c for t, n in zip(batch, cached, strict=True) for c in (t.prefix_ids[n:], *t.items)]
+    starts = [
+        s for t, n in zip(batch, cached, strict=True) for s in (n, *(len(t.prefix_ids),) * len(t.items))
+    ]
     lens = np.fromiter(map(len, chunks), dtype=np.int64, count=len(chunks))
     ids = np.fromiter(chain.from_iterable(chunks), dtype=np.int64, count=int(lens.sum()))
     first = np.cumsum(lens) - lens  # index of each chunk's first token

@@ -4,12 +4,13 @@ The pool holds ``capacity`` K/V slots per layer (page size 1, as every plan uses
 blocks of ``BLOCK`` prompt tokens maps a prompt to the slots of its cached prefix: block ``i`` of a
 prompt is keyed by (the id of block ``i - 1``, the salt, its tokens), so a hit is exact (dict
 equality on the token ids, never a hash alone) and calls with different salts never share K/V.
-Every batch on the cache holds a ``Lease``: the blocks it reads (reference counted, so no block a
-batch in flight reads is evicted or overwritten), the blocks it writes (indexed when the batch is
-planned, so a later call of the same batch or of the next batch reads them: the device runs
-batches in launch order) and its scratch slots (the rows that are not cached: docs, naive's
-copies), all given back when the batch is collected. Eviction takes the least recently used leaf
-block that no lease holds.
+Every batch on the cache holds a ``Lease``: the deepest block of each prompt it reads and every
+block it writes (reference counted), the blocks it writes being indexed when the batch is planned,
+so a later call of the same batch or of the next batch reads them (the device runs batches in
+launch order), and its scratch slots (the rows that are not cached: docs, naive's copies), all
+given back when the batch is collected. Only leaf blocks are evicted, least recently used first
+and never one a lease holds; so holding a prompt's deepest block keeps its whole chain, and a
+block's ancestors are live while it is.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ from .planning.cached import NO_HIT, PrefixHit
 
 BLOCK = 16
 """Prompt tokens per index block: a prompt is cached and matched in whole blocks."""
+RECENT = 256
+"""Prompts whose blocks are remembered whole: a prompt seen lately is matched with one lookup
+(hashing its ids once) instead of one per block."""
 CPU_AUTO_MIB = 64
 """``--prefix-cache-mib auto`` on the CPU."""
 GPU_AUTO_SHARE = 0.4
@@ -54,6 +58,7 @@ class _Block:
     slots: torch.Tensor  # int64 [BLOCK]
     refs: int = 0
     children: int = 0
+    live: bool = True  # False once evicted
 
 
 @dataclass(eq=False)
@@ -106,9 +111,10 @@ class PrefixCache:
         self._free = torch.arange(capacity - 1, -1, -1, dtype=torch.int64)  # a stack: top at the end
         self._top = capacity
         self._index: dict[tuple, _Block] = {}
-        self._lru: OrderedDict[int, _Block] = OrderedDict()  # least recently used first
+        self._leaves: OrderedDict[int, _Block] = OrderedDict()  # blocks without children, LRU first
         self._ids = 0
-        self._lock = threading.Lock()
+        self._recent: OrderedDict[tuple, tuple[tuple, torch.Tensor]] = OrderedDict()
+        self._lock = threading.RLock()
         self.stats = {"hit_tokens": 0, "lookup_tokens": 0, "evictions": 0, "off_pool_batches": 0}
         metrics.PREFIX_CACHE_BYTES.labels(kind="capacity").set(capacity * self.slot_bytes)
         self._report()
@@ -124,25 +130,48 @@ class PrefixCache:
 
     # -- the index -------------------------------------------------------------------------------
 
-    def peek(self, ids: Sequence[int], salt: str = "") -> int:
-        """Prompt tokens of ``ids`` cached now (a hint for ``auto``; nothing is held)."""
-        return len(self._match(tuple(ids), salt)) * self.block
+    def peek(self, ids: Sequence[int], salt: str = "") -> tuple[int, tuple]:
+        """Prompt tokens of ``ids`` cached now and their blocks: a hint for ``auto`` and for
+        ``reserve``, which checks it (nothing is held)."""
+        with self._lock:
+            blocks, _ = self._match(tuple(ids), salt)
+        return len(blocks) * self.block, blocks
 
-    def _match(self, ids: tuple[int, ...], salt: str) -> list[_Block]:
-        out: list[_Block] = []
-        parent, b = 0, self.block
-        for i in range(0, len(ids) - len(ids) % b, b):
+    def _match(self, ids: tuple[int, ...], salt: str, hint: tuple = ()) -> tuple[tuple, torch.Tensor]:
+        """The cached blocks of ``ids`` and their slots, leaving at least its last token to
+        compute (its row carries the prompt's queries into every scheme's requests). ``hint``: the
+        blocks an earlier match found; a prompt matched lately (the next page of a query, the same
+        user's context) is remembered whole, so its ids are hashed once instead of per block."""
+        key = (salt, ids)
+        known, slots = self._recent.get(key, ((), None))
+        if hint and len(hint) > len(known):
+            known, slots = hint, None
+        if known and not known[-1].live:  # the deepest live: every one live
+            known, slots = (), None
+        out, b = list(known), self.block
+        parent = out[-1].id if out else 0
+        for i in range(len(out) * b, (len(ids) - 1) // b * b, b):
             blk = self._index.get((parent, salt, ids[i : i + b]))
             if blk is None:
                 break
             out.append(blk)
             parent = blk.id
-        return out
+        if slots is None or len(out) > len(known):
+            slots = _cat([blk.slots for blk in out])
+        blocks = tuple(out)
+        self._recent[key] = (blocks, slots)
+        self._recent.move_to_end(key)
+        if len(self._recent) > RECENT:
+            self._recent.popitem(last=False)
+        return blocks, slots
 
-    def reserve(self, prompts: Sequence[tuple[tuple[int, ...], str] | None]) -> tuple[list[PrefixHit], Lease]:
-        """The hits of a batch's prompts (None: a call off the cache), in order, under one lease:
-        each prompt's cached blocks are held and its next whole blocks are indexed with fresh
-        slots (as many as the pool can free), so a later prompt of the batch reads them."""
+    def reserve(
+        self, prompts: Sequence[tuple[tuple[int, ...], str, tuple] | None]
+    ) -> tuple[list[PrefixHit], Lease]:
+        """The hits of a batch's prompts ((ids, salt, hint from ``peek``), or None for a call off
+        the cache), in order, under one lease: each prompt's deepest cached block is held and its
+        next whole blocks are indexed with fresh slots (as many as the pool can free), so a later
+        prompt of the batch reads them."""
         lease = Lease(self)
         hits = []
         with self._lock:
@@ -150,24 +179,27 @@ class PrefixCache:
                 if prompt is None:
                     hits.append(NO_HIT)
                     continue
-                ids, salt = prompt
-                blocks = self._match(ids, salt)
-                self.stats["hit_tokens"] += len(blocks) * self.block
+                ids, salt, hint = prompt
+                blocks, slots = self._match(ids, salt, hint)
+                hit = len(blocks) * self.block
+                self.stats["hit_tokens"] += hit
                 self.stats["lookup_tokens"] += len(ids)
-                metrics.PREFIX_CACHE_HIT_TOKENS.inc(len(blocks) * self.block)
+                metrics.PREFIX_CACHE_HIT_TOKENS.inc(hit)
                 metrics.PREFIX_CACHE_LOOKUP_TOKENS.inc(len(ids))
-                for blk in reversed(blocks):  # the leaf least recent: evicted before its parents
-                    self._lru.move_to_end(blk.id)
-                    blk.refs += 1
-                lease.held += blocks
+                if blocks:
+                    deepest = blocks[-1]
+                    deepest.refs += 1
+                    lease.held.append(deepest)
+                    if deepest.id in self._leaves:
+                        self._leaves.move_to_end(deepest.id)
                 new = self._insert(ids, salt, blocks[-1] if blocks else None, len(blocks), lease)
-                hits.append(PrefixHit(_cat([b.slots for b in blocks]), _cat([b.slots for b in new])))
+                hits.append(PrefixHit(slots, _cat([blk.slots for blk in new])))
             self._report()
         return hits, lease
 
     def _insert(self, ids, salt, parent: _Block | None, start: int, lease: Lease) -> list[_Block]:
         new, b = [], self.block
-        for i in range(start * b, len(ids) - len(ids) % b, b):
+        for i in range(start * b, (len(ids) - 1) // b * b, b):  # the blocks _match can read
             slots = self._alloc(b)
             if slots is None:
                 break
@@ -175,8 +207,9 @@ class PrefixCache:
             blk = _Block((parent.id if parent else 0, salt, ids[i : i + b]), self._ids, parent, slots, refs=1)
             if parent is not None:
                 parent.children += 1
+                self._leaves.pop(parent.id, None)
             self._index[blk.key] = blk
-            self._lru[blk.id] = blk
+            self._leaves[blk.id] = blk
             new.append(blk)
             parent = blk
         lease.written += new
@@ -200,7 +233,7 @@ class PrefixCache:
         """Evict every block no batch holds, and zero ``stats``."""
         with self._lock:
             self.stats = dict.fromkeys(self.stats, 0)
-            for blk in sorted(self._lru.values(), key=lambda b: -b.id):  # children before parents
+            for blk in sorted(self._index.values(), key=lambda b: -b.id):  # children before parents
                 if blk.refs == 0 and blk.children == 0:
                     self._evict(blk, count=False)
             self._report()
@@ -213,7 +246,7 @@ class PrefixCache:
 
     def _alloc(self, n: int) -> torch.Tensor | None:
         while self._top < n:
-            victim = next((b for b in self._lru.values() if b.refs == 0 and b.children == 0), None)
+            victim = next((b for b in self._leaves.values() if b.refs == 0), None)
             if victim is None:
                 return None
             self._evict(victim, count=True)
@@ -221,10 +254,14 @@ class PrefixCache:
         return self._free[self._top : self._top + n].clone()
 
     def _evict(self, blk: _Block, count: bool) -> None:
+        blk.live = False
         del self._index[blk.key]
-        del self._lru[blk.id]
+        del self._leaves[blk.id]
         if blk.parent is not None:
             blk.parent.children -= 1
+            if blk.parent.children == 0:  # a leaf now: next in line after this one
+                self._leaves[blk.parent.id] = blk.parent
+                self._leaves.move_to_end(blk.parent.id, last=False)
         self._release(blk.slots)
         if count:
             self.stats["evictions"] += 1
@@ -235,11 +272,11 @@ class PrefixCache:
         self._top += len(slots)
 
     def _report(self) -> None:
-        metrics.PREFIX_CACHE_BYTES.labels(kind="used").set(len(self._lru) * self.block * self.slot_bytes)
+        metrics.PREFIX_CACHE_BYTES.labels(kind="used").set(len(self._index) * self.block * self.slot_bytes)
 
     @property
     def cached_blocks(self) -> int:
-        return len(self._lru)
+        return len(self._index)
 
     @property
     def free_slots(self) -> int:

@@ -142,6 +142,7 @@ class Job:
     group_size: int
     tokens: int
     truncated_chars: tuple[int, ...] = ()  # characters cut from each doc's end before tokenizing
+    cache_hint: tuple = ()  # the prefix cache's blocks of the prompt when it was tokenized
 
     @property
     def options(self) -> ScoreOptions:
@@ -150,9 +151,9 @@ class Job:
 
 Resolve = Callable[[Shape, ScoreOptions], tuple[Scheme, int]]
 """(shape, options) -> the concrete scheme and group size (``auto`` resolved)."""
-Peek = Callable[[tuple[int, ...], ScoreOptions], int]
-"""(prefix ids, options) -> prompt tokens the prefix cache holds now (a hint: it may change
-before the call's batch is planned)."""
+Peek = Callable[[tuple[int, ...], ScoreOptions], tuple[int, tuple]]
+"""(prefix ids, options) -> the prompt tokens the prefix cache holds now and its blocks of them
+(a hint: it may change before the call's batch is planned, and is checked then)."""
 
 
 def check_options(o: ScoreOptions) -> None:
@@ -266,7 +267,8 @@ def tokenize(
         truncated.append(cut)
         truncated_chars.append(text_cut)
     labels = label_ids(o, tokenizer, limits.vocab_size)
-    shape = Shape(len(prefix), tuple(map(len, items)), peek(prefix, o) if peek else 0)
+    cached, hint = peek(prefix, o) if peek else (0, ())
+    shape = Shape(len(prefix), tuple(map(len, items)), cached)
     scheme, group = resolve(shape, o)
     try:
         scheme.check(shape, budget, mask_cap)
@@ -284,6 +286,7 @@ def tokenize(
         group,
         scheme.rows(shape),
         tuple(truncated_chars),
+        hint,
     )
 
 

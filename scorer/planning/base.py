@@ -251,13 +251,26 @@ def call(
     )
 
 
+def ranges(starts: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """``cat([arange(s, s + n) for s, n in zip(starts, lengths)])``, vectorised (int64)."""
+    lengths = lengths.long()
+    ends = lengths.cumsum(0)
+    offset = torch.repeat_interleave(starts.long() - (ends - lengths), lengths)
+    return torch.arange(int(ends[-1]) if len(ends) else 0, dtype=torch.int64) + offset
+
+
 def multi_item_meta(prefix_lens: Sequence[int], items_per_request: Sequence[Sequence[int]]) -> MultiItem:
     """kMultiItemScoring metadata for requests whose K/V is ``prefix + their items``."""
-    width = max((sum(items) for items in items_per_request), default=0)
+    counts = torch.tensor([len(items) for items in items_per_request], dtype=torch.int64)
+    lens = torch.tensor([n for items in items_per_request for n in items], dtype=torch.int64)
+    totals = torch.tensor([sum(items) for items in items_per_request], dtype=torch.int64)
+    width = int(totals.max()) if len(totals) else 0
     pos = torch.zeros(len(items_per_request), max(width, 1), dtype=torch.int32)
-    for r, items in enumerate(items_per_request):
-        if items:
-            pos[r, : sum(items)] = torch.cat([torch.arange(1, n + 1, dtype=torch.int32) for n in items])
+    if len(lens):
+        values = ranges(torch.ones_like(lens), lens)  # 1..n within each item
+        rows = torch.repeat_interleave(torch.arange(len(counts)), totals)
+        cols = ranges(torch.zeros_like(totals), totals)
+        pos[rows, cols] = values.to(torch.int32)
     return MultiItem(
         prefix_len=torch.tensor(list(prefix_lens), dtype=I32),
         token_pos_in_items=pos.flatten().to(torch.uint16),

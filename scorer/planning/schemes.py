@@ -17,6 +17,7 @@ from functools import partial
 import torch
 
 from .base import (
+    I32,
     AttentionCall,
     ItemLoc,
     Pass,
@@ -25,9 +26,11 @@ from .base import (
     Shape,
     arange,
     call,
+    indptr,
     item_offsets,
     logical_bases,
     multi_item_meta,
+    ranges,
 )
 from .packbits import multi_item_mask_packed
 from .split import extend_groups, extend_one_group, extend_per_item
@@ -249,26 +252,31 @@ def _shared_prefix_groups(shapes: Sequence[Shape], group_size: int | None) -> Pl
 
     The first group of a prompt also carries the prefix queries. ``group_size=1`` is plain
     ragged prefill (no multi-item metadata); ``None`` puts all items of a prompt in one group.
+    Rows are the logical tokens in order, so each group reads two runs of slots: its prompt's and
+    its own items' (built without a Python step per item: a batch holds thousands).
     """
-    rows, q_lens, kv, items = _Rows(0), [], [], []
+    items, groups = [], []  # groups: (request, first item's row, rows of its items, first group?)
     mi_prefix: list[int] = []
     mi_items: list[list[int]] = []
     for base, s, starts in _requests(shapes):
-        prow = rows.add(base, s.prefix_len)
-        pslots = rows.slots(prow, s.prefix_len)
-        locs = [ItemLoc(0, rows.add(st, n), n) for st, n in zip(starts, s.item_lens, strict=True)]
-        items.append(tuple(locs))
-        size = group_size or len(locs)
-        for g in range(0, len(locs), size):
-            group = locs[g : g + size]
-            own = torch.cat([rows.slots(loc.row, loc.length) for loc in group])
-            q_lens.append(len(own) + (s.prefix_len if g == 0 else 0))
-            kv.append(torch.cat([pslots, own]))
+        items.append(tuple(ItemLoc(0, st, n) for st, n in zip(starts, s.item_lens, strict=True)))
+        size = group_size or len(starts)
+        for g in range(0, len(starts), size):
+            lens = s.item_lens[g : g + size]
+            groups.append((base, s.prefix_len, starts[g], sum(lens), g == 0))
             mi_prefix.append(s.prefix_len)
-            mi_items.append([loc.length for loc in group])
+            mi_items.append(list(lens))
+    base, prefix, first, own, lead = (
+        torch.tensor(col, dtype=torch.int64) for col in zip(*groups, strict=True)
+    )
+    q_lens = own + prefix * lead
+    kv = ranges(torch.stack([base, first], 1).flatten(), torch.stack([prefix, own], 1).flatten())
     meta = multi_item_meta(mi_prefix, mi_items) if group_size != 1 else None
-    c = call(0, q_lens, kv, causal=True, multi_item=meta)
-    return Plan((rows.to_pass([c]),), tuple(items), tuple(shapes))
+    total = sum(s.num_tokens for s in shapes)
+    c = AttentionCall(
+        0, total, indptr(q_lens.tolist()), indptr((prefix + own).tolist()), kv.to(I32), True, meta
+    )
+    return Plan((Pass(torch.arange(total, dtype=torch.int64), 0, (c,)),), tuple(items), tuple(shapes))
 
 
 def _lens(ptr: torch.Tensor) -> list[int]:
