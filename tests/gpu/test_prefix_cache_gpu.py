@@ -56,6 +56,7 @@ def calls(scheme: str, seed: int, vocab: int) -> list[ScoreRequest]:
 @pytest.mark.parametrize("scheme", [*REGISTRY, "auto"])
 def test_every_scheme_on_cached_kv_scores_as_without_the_cache(engines, scheme):
     off, on = engines
+    on.cache.clear()
     reqs = calls(scheme, len(scheme), off.runner.model.config.vocab_size)
     want = [d.score for r in reqs for d in off.score(r).results]
     got, cached = [], 0
