@@ -19,7 +19,7 @@ from pathlib import Path
 from bench.e2e import QWEN3_06B
 from scorer.models.tiny import write_random_checkpoint
 write_random_checkpoint(Path('$CKPT'), QWEN3_06B, std=0.02)"
-  python3 -m loadtest.gen --out /tmp/drep.jsonl --requests 1500 --docs 32 --prompt-tokens 8000 \
+  python3 -m loadtest.gen --out /tmp/drep.jsonl --requests 1000 --docs 32 --prompt-tokens 8000 \
     --doc-tokens fixed:4 --token-ids --prompt-reuse 50 --template plain --seed 3
   for cfg in cache nocache; do
     extra=()
