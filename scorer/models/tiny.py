@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 from scorer.config import ModelConfig
 from scorer.models.decoder import DecoderLM
 
-NAME = "tiny-qwen3-v2"  # v2: the trained 8k BPE tokenizer (v1 was byte-level); scores differ
+NAME = "tiny-qwen3-v2"  # v2: the trained 8k BPE tokenizer (v1: 256 byte tokens, five merges)
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>")
 TOKENIZER_JSON = Path(__file__).with_name("tokenizer.json")  # scripts/train_tokenizer.py wrote it
 _FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
