@@ -28,19 +28,25 @@ from .timing import environment, write_json
 
 QWEN3_VOCAB = 151_669
 WORDS = ("search", "ranking", "model", "document", "query", "prefix", "shared", "attention", "page")
-BYTES_PER_WORD = 7  # the embedded tokenizer is byte-level: text of about the same token counts
 
 
-def make_call(rng: random.Random, i: int, docs: int, text: bool) -> bytes:
+def tokens_per_word(tokenizer) -> float:
+    """What a word of ``WORDS`` costs on the engine's tokenizer, so that the text calls have about
+    the token counts of the token-id calls."""
+    return len(tokenizer.encode(" " + " ".join(WORDS), add_special_tokens=False)) / len(WORDS)
+
+
+def make_call(rng: random.Random, i: int, docs: int, text: bool, per_word: float) -> bytes:
+    """A 200-token prompt of text and docs of token ids or text, at ``per_word`` tokens a word."""
     out = []
     for d in range(docs):
         n = max(8, int(rng.lognormvariate(4.1, 0.5)))
         if text:
-            words = max(1, n // BYTES_PER_WORD)
+            words = max(1, round(n / per_word))
             out.append(pb.Doc(id=f"d{d}", text=" ".join(rng.choice(WORDS) for _ in range(words))))
         else:
             out.append(pb.Doc(id=f"d{d}", token_ids=[rng.randrange(4, 250) for _ in range(n)]))
-    prompt = " ".join(rng.choice(WORDS) for _ in range(200 // BYTES_PER_WORD))
+    prompt = " ".join(rng.choice(WORDS) for _ in range(round(200 / per_word)))
     return pb.ScoreDocsRequest(prompt=prompt, docs=out, request_id=f"call-{i}").SerializeToString()
 
 
@@ -107,7 +113,8 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---:|---:|---:|---:|---:|")
     for kind in ("token_ids", "text"):
         rng = random.Random(0)
-        calls = [make_call(rng, i, a.docs, kind == "text") for i in range(a.calls)]
+        per_word = tokens_per_word(engine.tokenizer)
+        calls = [make_call(rng, i, a.docs, kind == "text", per_word) for i in range(a.calls)]
         measure(engine, calls[: a.batch], a.batch)  # first-use costs
         ms = result["ms"][kind] = measure(engine, calls, a.batch)
         cols = " | ".join(f"{ms[k]:.3f}" for k in ("parse", "convert", "tokenize", "respond", "plan"))

@@ -181,6 +181,18 @@ LIMITS = Limits(max_docs=4, max_doc_tokens=10, max_positions=40, vocab_size=512)
 BIG = Limits(max_docs=4, max_doc_tokens=10**6, max_positions=10**6, vocab_size=512)
 
 
+def text_of(n: int, letter: str = "x") -> str:
+    """Text of exactly ``n`` tokens of the embedded tokenizer: ``letter`` and then ``n - 1`` times
+    " " + ``letter``, each one token (the pre-tokenizer splits at spaces; checked below)."""
+    return " ".join([letter] * n)
+
+
+def test_text_of_has_the_token_counts_it_says(engine):
+    for letter in "xyp":
+        for n in (1, 3, 40, 600):
+            assert len(engine.tokenizer.encode(text_of(n, letter), add_special_tokens=False)) == n
+
+
 def _req(prompt="q", docs=("d",), **options):
     return ScoreRequest(
         prompt, [Doc(x) for x in docs], options=ScoreOptions(**{"template": "plain", **options})
@@ -192,9 +204,9 @@ def _req(prompt="q", docs=("d",), **options):
     [
         (_req(docs=()), LIMITS, "docs", "no documents"),
         (_req(docs=("ok", "  ")), LIMITS, "docs[1].text", "empty document"),
-        (_req(docs=("x" * 11,)), LIMITS, "docs[0]", "max_doc_tokens"),
-        (_req(prompt="p" * 35, docs=("x" * 6,)), LIMITS, "docs[0]", "positions"),
-        (_req(prompt="p" * 40), LIMITS, "prompt", "no room"),
+        (_req(docs=(text_of(11),)), LIMITS, "docs[0]", "max_doc_tokens"),
+        (_req(prompt=text_of(35, "p"), docs=(text_of(6),)), LIMITS, "docs[0]", "positions"),
+        (_req(prompt=text_of(40, "p")), LIMITS, "prompt", "no room"),
         (_req(prompt=" "), LIMITS, "prompt", "empty prompt"),
         (_req(docs=("a",) * 5), LIMITS, "docs", "exceed the limit of 4"),
         (_req(label_tokens=("yes", "maybe")), LIMITS, "options.label_tokens[1]", "not a single token"),
@@ -204,7 +216,7 @@ def _req(prompt="q", docs=("d",), **options):
         (_req(template="chatml"), LIMITS, "options.template", "unknown template"),
         (_req(truncate="middle"), LIMITS, "options.truncate", "expected one of"),
         (_req(doc_special_tokens="strip"), LIMITS, "options.doc_special_tokens", "expected one of"),
-        (_req(docs=("x" * 65536,)), BIG, "docs[0]", "65535"),
+        (_req(docs=(text_of(65536),)), BIG, "docs[0]", "65535"),
     ],
 )
 def test_bad_input_names_the_field(engine, req, limits, field, message):
@@ -250,11 +262,13 @@ def test_doc_special_tokens_parse_by_default_or_stay_text(engine):
 
 
 def test_truncate_doc_end_cuts_and_reports(engine):
-    t = tokenize(_req(docs=("x" * 25, "y" * 3), truncate="doc_end"), engine.tokenizer, LIMITS, RAGGED)
+    req = _req(docs=(text_of(25), text_of(3, "y")), truncate="doc_end")
+    t = tokenize(req, engine.tokenizer, LIMITS, RAGGED)
     assert t.truncated == (15, 0) and t.doc_tokens == (10, 3)
-    t = tokenize(_req(prompt="p" * 35, docs=("x" * 8,), truncate="doc_end"), engine.tokenizer, LIMITS, RAGGED)
+    req = _req(prompt=text_of(35, "p"), docs=(text_of(8),), truncate="doc_end")
+    t = tokenize(req, engine.tokenizer, LIMITS, RAGGED)
     assert t.truncated == (3,) and len(t.prefix_ids) + len(t.items[0]) == 40
-    result = engine.score(_req(docs=("x" * 600,), truncate="doc_end"))
+    result = engine.score(_req(docs=(text_of(600),), truncate="doc_end"))
     assert result.results[0].truncated_tokens == 600 - 512
 
 

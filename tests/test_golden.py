@@ -28,7 +28,10 @@ def test_the_engine_reproduces_the_golden_file_exactly(golden):
 
 def test_the_golden_cases_cover_every_scheme_template_and_a_split(golden):
     names = [name for name, _, _ in golden["cases"]()]
-    for scheme in ("auto", *golden["CONCRETE"]):
-        assert {f"text/{scheme}", f"ids/{scheme}", f"ids/{scheme}/split64"} <= set(names)
     want = json.loads(golden["GOLDEN"].read_text())
-    assert want["ids/ragged/split64"]["usage"] == want["ids/ragged"]["usage"]  # the prompt still once
+    for scheme in ("auto", *golden["CONCRETE"]):
+        for kind, budget in (("ids", golden["IDS_SPLIT"]), ("text", golden["TEXT_SPLIT"])):
+            assert {f"{kind}/{scheme}", f"{kind}/{scheme}/split{budget}"} <= set(names)
+            assert want[f"{kind}/{scheme}"]["usage"][2] > budget  # tokens computed: over a pass
+            # the prompt still computed once
+            assert want[f"{kind}/{scheme}/split{budget}"]["usage"] == want[f"{kind}/{scheme}"]["usage"]

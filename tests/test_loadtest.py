@@ -135,6 +135,35 @@ def test_gen_prompt_reuse_sends_each_context_on_consecutive_calls(tmp_path: Path
     assert len(set(prompts)) == 3
 
 
+@pytest.mark.parametrize(("prompt", "doc"), [(300, 50), (30, 8)], ids=["A", "short"])
+def test_gen_text_without_a_tokenizer_has_the_asked_lengths_on_the_embedded_tokenizer(
+    tmp_path: Path, prompt: int, doc: int
+) -> None:
+    """The built-in word list counted at the default 1.3 tokens a word comes within 10% of the
+    asked lengths on the embedded default's BPE tokenizer, counted as the server counts them
+    (template plain: the prompt alone is the prefix, each doc alone an item)."""
+    from transformers import AutoTokenizer
+
+    from scorer.models import tiny
+    from scorer.planning import get
+    from scorer.request import Limits, tokenize
+    from scorer.server.convert import request_from_proto
+
+    tokenizer = AutoTokenizer.from_pretrained(str(ensure_tiny_model(tmp_path / "cache")))
+    reqs = _gen(
+        tmp_path / "a.jsonl", "--requests", "40", "--docs", "10", "--prompt-tokens", str(prompt),
+        "--doc-tokens", f"fixed:{doc}", "--template", "plain", "--seed", "3",
+    )  # fmt: skip
+    limits = Limits(max_docs=10, max_doc_tokens=4096, max_positions=1 << 20, vocab_size=tiny.VOCAB_SIZE)
+    ragged = lambda *_: (get("ragged"), 0)  # noqa: E731
+    jobs = [tokenize(request_from_proto(r, "t"), tokenizer, limits, ragged) for r in reqs]
+    prompts = [len(j.prefix_ids) for j in jobs]
+    docs = [n for j in jobs for n in j.doc_tokens]
+    assert len(docs) == 400 and not any(t for j in jobs for t in j.truncated)
+    assert abs(np.mean(prompts) / prompt - 1) <= 0.1, np.mean(prompts)
+    assert abs(np.mean(docs) / doc - 1) <= 0.1, np.mean(docs)
+
+
 def test_gen_corpus_and_length_file(tmp_path: Path) -> None:
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("alpha beta gamma delta epsilon zeta eta theta iota kappa\n" * 5)

@@ -27,7 +27,7 @@ PATHS = {"cohere": "/v2/rerank", "jina": "/v1/rerank", "tei": "/rerank"}
 TEXT = ["--docs", "5", "--prompt-tokens", "16", "--doc-tokens", "uniform:8:24"]
 FAULT_PROMPT = "a query whose batch fails"
 MAX_DOC_TOKENS = 256
-LONG_DOC = "caching " * 400  # 3,200 tokens of the tiny tokenizer: over --max-doc-tokens
+LONG_DOC = "caching " * (4 * MAX_DOC_TOKENS)  # a token a word at least: over --max-doc-tokens
 
 
 def _gen(path: Path, *args: str) -> list[pb.ScoreDocsRequest]:

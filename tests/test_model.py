@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from scorer.models.loader import load_model
 from scorer.planning import REGISTRY, Shape
 
 SEQ_LEN = 20
-VOCAB = 300  # >= the tiny tokenizer (264 tokens), which the test checkpoints reuse
+VOCAB = 300  # random ids below this; the test checkpoints carry the embedded tokenizer for load_model
 
 
 def causal_attention(layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -68,7 +69,7 @@ def save_hf_checkpoint(config, path: Path, seed: int = 0) -> Path:
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
     randomize_(model, seed)
     model.save_pretrained(path)
-    tiny.build_tokenizer().save_pretrained(path)
+    tiny.write_tokenizer(path)
     return path
 
 
@@ -215,19 +216,38 @@ def test_tiny_model_is_written_once_and_reloads_identically(tmp_path: Path, monk
         assert a.dtype == torch.float32 and torch.equal(a, b), name
 
 
+TOKENIZER_SHA256 = "8cfb05798dc4354f65303b0ae0cdf4a58141239ba365ad04077a0b23a0c13c88"
+TOKENIZER_CONFIG_SHA256 = "876192ea3fdf45f0c0edfd65d1900f5cd825824dd0a518735575cd89d89bb6e2"
+
+
+def test_tiny_checkpoint_writes_the_shipped_tokenizer_byte_for_byte(tmp_path: Path) -> None:
+    """Every machine writes the same tokenizer files, whatever its ``tokenizers`` and
+    ``transformers`` versions: scripts/train_tokenizer.py trained the shipped file once, and a
+    change to it is deliberate (a new checkpoint NAME, the golden file regenerated)."""
+    assert hashlib.sha256(tiny.TOKENIZER_JSON.read_bytes()).hexdigest() == TOKENIZER_SHA256
+    tiny.write_tiny_checkpoint(tmp_path)
+    assert hashlib.sha256((tmp_path / "tokenizer.json").read_bytes()).hexdigest() == TOKENIZER_SHA256
+    config = (tmp_path / "tokenizer_config.json").read_bytes()
+    assert hashlib.sha256(config).hexdigest() == TOKENIZER_CONFIG_SHA256
+
+
 def test_tiny_model_tokens_and_logits(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("SCORER_CACHE_DIR", str(tmp_path))
     model, tokenizer = load_model(tiny.ensure_tiny_model())
-    assert model.config.vocab_size >= len(tokenizer)
-    ids = tokenizer.convert_tokens_to_ids(["yes", "no", "Ġyes", "Ġno", *tiny.SPECIAL_TOKENS])
-    assert tokenizer.unk_token_id not in ids and len(set(ids)) == len(ids)
-    assert tokenizer.encode("yes", add_special_tokens=False) == [ids[0]]
-    assert tokenizer.encode(" no", add_special_tokens=False) == [ids[3]]
+    assert model.config.vocab_size == len(tokenizer) == tiny.VOCAB_SIZE
+    ids = tokenizer.convert_tokens_to_ids(["yes", "no", "Ġno", *tiny.SPECIAL_TOKENS])
+    assert None not in ids and len(set(ids)) == len(ids)
+    assert ids[3:] == list(range(tiny.VOCAB_SIZE - len(tiny.SPECIAL_TOKENS), tiny.VOCAB_SIZE))  # last
+    for word, tid in zip(["yes", "no", " no", *tiny.SPECIAL_TOKENS], ids, strict=True):
+        assert tokenizer.encode(word, add_special_tokens=False) == [tid], word
     assert tokenizer.decode(tokenizer.encode("héllo <|im_end|>")) == "héllo <|im_end|>"
     assert (tokenizer.eos_token_id, tokenizer.pad_token_id) == (
         tiny.CONFIG["eos_token_id"],
         tiny.CONFIG["pad_token_id"],
     )
+    # a BPE vocabulary, not bytes: here 28 tokens for 16 words (a byte-level one: 88, one a character)
+    text = "The quick brown fox jumps over the lazy dog, and the search engine ranks every document."
+    assert len(tokenizer.encode(text)) <= 2 * len(text.split())
 
     input_ids = torch.tensor(tokenizer.encode("is this relevant? yes"))
     with torch.no_grad():

@@ -16,23 +16,23 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
 
 from scorer.config import ModelConfig
 from scorer.models.decoder import DecoderLM
 
-NAME = "tiny-qwen3-v1"
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-_MERGES = [("y", "e"), ("ye", "s"), ("n", "o"), ("Ġ", "yes"), ("Ġ", "no")]
+NAME = "tiny-qwen3-v2"  # v2: the trained 8k BPE tokenizer (v1: 256 byte tokens, five merges)
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>")
+TOKENIZER_JSON = Path(__file__).with_name("tokenizer.json")  # scripts/train_tokenizer.py wrote it
 _FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+VOCAB_SIZE = 8192  # the tokenizer's entries, special tokens last
+_SPECIAL_ID = {token: VOCAB_SIZE - len(SPECIAL_TOKENS) + i for i, token in enumerate(SPECIAL_TOKENS)}
 _SEED = 0
 _INIT_STD = 0.05
 
 CONFIG: dict = {
     "architectures": ["Qwen3ForCausalLM"],
     "model_type": "qwen3",
-    "vocab_size": 512,
+    "vocab_size": VOCAB_SIZE,
     "hidden_size": 64,
     "intermediate_size": 128,
     "num_hidden_layers": 2,
@@ -48,8 +48,8 @@ CONFIG: dict = {
     "attention_bias": False,
     "use_sliding_window": False,
     "bos_token_id": None,
-    "eos_token_id": 258 + len(_MERGES),
-    "pad_token_id": 256 + len(_MERGES),
+    "eos_token_id": _SPECIAL_ID["<|im_end|>"],
+    "pad_token_id": _SPECIAL_ID["<|endoftext|>"],
     "dtype": "float32",
 }
 
@@ -59,7 +59,7 @@ def default_cache_root() -> Path:
 
 
 def ensure_tiny_model(cache_dir: str | Path | None = None) -> Path:
-    """Return the tiny checkpoint's directory, <cache_dir>/tiny-qwen3-v1, writing it on first use.
+    """Return the tiny checkpoint's directory, <cache_dir>/NAME, writing it on first use.
 
     cache_dir defaults to $SCORER_CACHE_DIR, else ~/.cache/scorer.
     """
@@ -92,7 +92,7 @@ def write_tiny_checkpoint(out_dir: Path) -> None:
 
 def write_random_checkpoint(out_dir: Path, config: dict, seed: int = 0, std: float = _INIT_STD) -> Path:
     """A loadable HF-style checkpoint of ``config`` with seeded random weights (norms at one) and
-    the tiny byte-level tokenizer; also used by the GPU tests for a head_dim-128 model."""
+    the embedded BPE tokenizer; also used by the GPU tests for a head_dim-128 model."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     with torch.device("meta"):
@@ -105,33 +105,19 @@ def write_random_checkpoint(out_dir: Path, config: dict, seed: int = 0, std: flo
         else:
             weights[name] = torch.randn(param.shape, generator=generator) * std
     save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    build_tokenizer().save_pretrained(str(out_dir))
+    write_tokenizer(out_dir, config["max_position_embeddings"])
     return out_dir
 
 
-def build_tokenizer() -> PreTrainedTokenizerFast:
-    """Byte-level BPE: 256 byte tokens, a few merges ("yes", "no", " yes", " no"), chat special tokens."""
-    vocab = {char: byte for byte, char in sorted(_bytes_to_unicode().items())}
-    for left, right in _MERGES:
-        vocab[left + right] = len(vocab)
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=_MERGES))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.add_special_tokens(SPECIAL_TOKENS)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        model_max_length=CONFIG["max_position_embeddings"],
-    )
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible byte -> printable character map, which the ByteLevel pre-tokenizer emits."""
-    printable = [
-        *range(ord("!"), ord("~") + 1),
-        *range(ord("¡"), ord("¬") + 1),
-        *range(ord("®"), ord("ÿ") + 1),
-    ]
-    others = [b for b in range(256) if b not in printable]
-    return {**{b: chr(b) for b in printable}, **{b: chr(256 + i) for i, b in enumerate(others)}}
+def write_tokenizer(out_dir: Path, max_length: int = CONFIG["max_position_embeddings"]) -> None:
+    """The shipped tokenizer.json, byte for byte (never re-serialised by this machine's
+    ``tokenizers``), and a tokenizer_config.json naming its eos and pad tokens."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "tokenizer.json").write_bytes(TOKENIZER_JSON.read_bytes())
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "model_max_length": max_length,
+    }
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")

@@ -7,6 +7,8 @@ source scripts/gpu/env.sh
 RATES="${1:-50,100,200,300,400,600}"
 STEP="${2:-5}"
 CKPT=/tmp/ckpt/qwen3-0.6b-random
+# a checkpoint left by an earlier run may carry the byte-level tokenizer of tiny-qwen3-v1
+cmp -s "$CKPT/tokenizer.json" scorer/models/tokenizer.json || rm -rf "$CKPT"
 [ -f "$CKPT/model.safetensors" ] || python3 -c "
 from pathlib import Path
 from bench.e2e import QWEN3_06B

@@ -8,6 +8,8 @@ import sys
 import pytest
 from rpc_harness import REPO
 
+from scorer.models.tiny import NAME
+
 
 def test_readme_client_example_runs_against_a_live_server(server):
     done = subprocess.run(
@@ -22,7 +24,7 @@ def test_readme_client_example_runs_against_a_live_server(server):
     assert len(lines) == 4
     scores = [float(line.split()[2]) for line in lines[:2]]
     assert scores == sorted(scores, reverse=True)
-    assert "request_id=example-1" in lines[2] and "model=tiny-qwen3-v1" in lines[2]
+    assert "request_id=example-1" in lines[2] and f"model={NAME}" in lines[2]
 
 
 def test_readme_client_snippet_is_the_tested_example():

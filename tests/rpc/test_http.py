@@ -55,7 +55,7 @@ LONG_DOC = "caching " * 120  # over the 64 tokens a doc may have here
 FAULT_QUERY = "a query whose batch fails"
 LIMITS = EngineConfig(max_docs=16, max_doc_tokens=64, max_doc_bytes=4096, max_request_bytes=16384)
 MAX_BODY = 64 * 1024
-OOM_ABOVE_TOKENS = 1800  # 16 docs of 64 tokens (about 2000) run out of memory; a few small calls do not
+OOM_ABOVE_TOKENS = 1000  # 16 docs cut at 64 tokens (1,024, and the template's) run out of memory
 KEY = "sekret"
 WIRED = "http_port" in names_for(SERVE)
 

@@ -74,7 +74,7 @@ def test_a_request_over_max_message_bytes_is_refused_and_the_server_keeps_servin
 
 def test_a_call_over_the_token_budget_runs_in_several_passes_and_scores_as_in_one(tls_server, engine):
     rng = random.Random(5)
-    docs = [pb.Doc(id=str(i), text=text(rng, 8)) for i in range(16)]
+    docs = [pb.Doc(id=str(i), text=text(rng, 24)) for i in range(16)]  # a token a word at least: > 300
     options = pb.ScoreOptions(scheme="ragged", template="plain")
     msg = pb.ScoreDocsRequest(prompt=text(rng, 6), docs=docs, options=options)
     passes = tls_server.metric("scorer_forward_passes_total")

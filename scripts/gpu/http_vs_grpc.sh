@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# HTTP (the Cohere shape, FastAPI on uvicorn) against gRPC on one H200 replica serving a random
+# Qwen3-0.6B-shaped checkpoint (as sweep.sh), issue 13's target: HTTP's docs/s at saturation at
+# least 90% of gRPC's on workload A, and at most 1 ms more on the median at light load.
+# One server (gRPC, HTTP and /metrics), three open-loop sweeps side by side, then a light-load
+# point (10% of each sweep's saturation) for each; server on cores 4-15, load tool on 0-3:
+#   grpc-ids     A as token ids, template plain (300-token prompt, 10 x 50-token docs): the issue's A
+#   grpc-text    A as text (the load tool's word list, 300 / 50 tokens on the checkpoint's tokenizer,
+#                the embedded BPE that write_random_checkpoint writes), the reranker template
+#   cohere-text  the same calls as grpc-text over POST /v2/rerank: HTTP sends text and runs the
+#                default template, so these are the calls it can make equal to gRPC's
+# The target compares cohere-text with grpc-text; grpc-ids is the reference the other issues use.
+#   bash scripts/gpu/http_vs_grpc.sh [rates] [seconds per step]
+#   device: carry [".gpu", ".wheels"] (bash scripts/gpu/wheels.sh first)
+#   -> $OUT/http_vs_grpc.json, server.log, reports.tgz (the load tool's reports)
+# LOCAL_CPU=1 runs the same steps on a CPU machine (the embedded tiny model, low rates): a dry run.
+set -euo pipefail
+RATES="${1:-100,150,200,250,300,350,400,500}"
+STEP="${2:-5}"
+LIGHT_S=10
+if [ "${LOCAL_CPU:-}" = 1 ]; then
+  PY=.venv/bin/python
+  export OUT="${OUT:-$PWD/out/http_vs_grpc}"
+  mkdir -p "$OUT"
+  SERVER=("$PY" -m scorer serve --device cpu)
+  LOAD=("$PY")
+else
+  source scripts/gpu/env.sh
+  PY=python3
+  WHEELS=/tmp/http-wheels
+  ls .wheels/*.whl >/dev/null || { echo "no .wheels/: run bash scripts/gpu/wheels.sh and carry .wheels" >&2; exit 1; }
+  rm -rf "$WHEELS" && "$PY" -m pip install -q --no-index --no-deps --target "$WHEELS" .wheels/*.whl
+  export PYTHONPATH="$WHEELS:$PYTHONPATH"
+  CKPT=/tmp/ckpt/qwen3-0.6b-random
+  # a checkpoint left by an earlier run may carry the byte-level tokenizer of tiny-qwen3-v1
+  cmp -s "$CKPT/tokenizer.json" scorer/models/tokenizer.json || rm -rf "$CKPT"
+  [ -f "$CKPT/model.safetensors" ] || "$PY" -c "
+from pathlib import Path
+from bench.e2e import QWEN3_06B
+from scorer.models.tiny import write_random_checkpoint
+write_random_checkpoint(Path('$CKPT'), QWEN3_06B, std=0.02)"
+  SERVER=(taskset -c 4-15 "$PY" -m scorer serve --model "$CKPT")
+  LOAD=(taskset -c 0-3 "$PY")
+fi
+"$PY" -c "import aiohttp, fastapi, httptools, uvicorn; print('fastapi', fastapi.__version__, 'uvicorn', \
+uvicorn.__version__, 'aiohttp', aiohttp.__version__, 'from', fastapi.__file__.rsplit('/', 2)[0])"
+A=(--requests 2000 --docs 10 --prompt-tokens 300 --doc-tokens fixed:50 --seed 1)
+"$PY" -m loadtest.gen --out /tmp/a-ids.jsonl "${A[@]}" --token-ids --template plain
+"$PY" -m loadtest.gen --out /tmp/a-text.jsonl "${A[@]}"
+
+"${SERVER[@]}" --port 50051 --http-port 8080 --metrics-port 9464 >"$OUT/server.log" 2>&1 &
+SERVER_PID=$!
+finish() {  # also on failure: the device returns a handful of files, so the reports travel as one archive
+  kill $SERVER_PID 2>/dev/null || true
+  cd "$OUT" && shopt -s nullglob && local dirs=(grpc-*/ cohere-*/ light-*/)
+  [ ${#dirs[@]} -eq 0 ] || { tar czf reports.tgz "${dirs[@]}" && rm -r "${dirs[@]}"; }
+}
+trap finish EXIT
+SERVER_PID=$SERVER_PID "$PY" - <<'PY' || { tail -20 "$OUT/server.log"; exit 1; }
+import os, time, urllib.request, grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+stub = health_pb2_grpc.HealthStub(grpc.insecure_channel("127.0.0.1:50051"))
+t0 = time.time()
+while time.time() - t0 < 240:
+    os.kill(int(os.environ["SERVER_PID"]), 0)  # raises when the server died
+    try:
+        if stub.Check(health_pb2.HealthCheckRequest(), timeout=2).status == health_pb2.HealthCheckResponse.SERVING:
+            with urllib.request.urlopen("http://127.0.0.1:8080/health", timeout=2) as r:
+                assert r.status == 200, r.status
+            print(f"serving gRPC and HTTP after {time.time() - t0:.0f} s", flush=True)
+            raise SystemExit(0)
+    except grpc.RpcError:
+        pass
+    time.sleep(1)
+raise SystemExit("server not ready after 240 s")
+PY
+
+COMMON=(--duration "$STEP" --warmup 1 --pause 1 --deadline-ms 2000 --channels 4 --quiet --no-samples
+  --metrics-url http://127.0.0.1:9464/metrics)
+# name, api, target, requests
+SERIES=("grpc-ids grpc 127.0.0.1:50051 /tmp/a-ids.jsonl" "grpc-text grpc 127.0.0.1:50051 /tmp/a-text.jsonl"
+  "cohere-text cohere 127.0.0.1:8080 /tmp/a-text.jsonl")
+for s in "${SERIES[@]}"; do
+  read -r name api target reqs <<<"$s"
+  echo "== $name: sweep $RATES"
+  "${LOAD[@]}" -m loadtest.run --api "$api" --target "$target" --requests "$reqs" --sweep "$RATES" \
+    --stop-when-saturated "${COMMON[@]}" --out "$OUT/$name" 2>&1 | sed '/^report:/d'
+done
+# light load: 10% of grpc-ids' saturation for it, 10% of grpc-text's for both text series (one rate)
+ids_rate=$("$PY" scripts/gpu/http_vs_grpc.py light-rate "$OUT/grpc-ids")
+text_rate=$("$PY" scripts/gpu/http_vs_grpc.py light-rate "$OUT/grpc-text")
+for s in "${SERIES[@]}"; do
+  read -r name api target reqs <<<"$s"
+  rate=$([ "$name" = grpc-ids ] && echo "$ids_rate" || echo "$text_rate")
+  echo "== $name: light load, $rate calls/s"
+  "${LOAD[@]}" -m loadtest.run --api "$api" --target "$target" --requests "$reqs" --rate "$rate" \
+    "${COMMON[@]}" --duration "$LIGHT_S" --out "$OUT/light-$name" 2>&1 | sed '/^report:/d'
+done
+kill -TERM $SERVER_PID && wait $SERVER_PID || echo "server exit code $?" >&2
+# exit 2 when the run cannot answer the targets (a sweep that never saturated, ...): see its PROBLEM lines
+"$PY" scripts/gpu/http_vs_grpc.py summary "$OUT" /tmp/a-ids.jsonl /tmp/a-text.jsonl "${CKPT:-}" \
+  | tee "$OUT/http_vs_grpc.md"
