@@ -1,7 +1,8 @@
 """The prefix cache: prompt K/V kept across calls in a persistent pool on the device.
 
-The pool holds ``capacity`` K/V slots per layer (page size 1, as every plan uses). An index of
-blocks of ``BLOCK`` prompt tokens maps a prompt to the slots of its cached prefix: block ``i`` of a
+The pool holds ``capacity`` K/V slots per layer (page size 1, as every plan uses), handed out in
+pages of ``BLOCK`` slots (host work per page, not per slot). An index of
+blocks of ``BLOCK`` prompt tokens maps a prompt to the pages of its cached prefix: block ``i`` of a
 prompt is keyed by (the id of block ``i - 1``, the salt, its tokens), so a hit is exact (dict
 equality on the token ids, never a hash alone) and calls with different salts never share K/V.
 Every batch on the cache holds a ``Lease``: the deepest block of each prompt it reads and every
@@ -55,7 +56,7 @@ class _Block:
     key: tuple
     id: int
     parent: _Block | None
-    slots: torch.Tensor  # int64 [BLOCK]
+    page: int  # its K/V: slots page * BLOCK ..
     refs: int = 0
     children: int = 0
     live: bool = True  # False once evicted
@@ -69,15 +70,15 @@ class Lease:
     cache: PrefixCache
     held: list[_Block] = field(default_factory=list)
     written: list[_Block] = field(default_factory=list)
-    scratch: list[torch.Tensor] = field(default_factory=list)
+    scratch: list[int] = field(default_factory=list)  # pages
     done: bool = False
 
     def alloc_scratch(self, n: int) -> torch.Tensor:
-        slots = self.cache.alloc(n)
-        if slots is None:
+        pages = self.cache.alloc(-(-n // self.cache.block))
+        if pages is None:
             raise PoolFull(f"{n} scratch slots do not fit the prefix cache's pool")
-        self.scratch.append(slots)
-        return slots
+        self.scratch += pages
+        return self.cache.slots(pages)[:n]
 
     def release(self) -> None:
         self.cache.end(self, keep_written=True)
@@ -103,13 +104,14 @@ class PrefixCache:
     ) -> None:
         if capacity < block:
             raise ValueError(f"a prefix cache of {capacity} slots holds no block of {block} tokens")
-        self.capacity, self.block = capacity, block
+        self.capacity, self.block = capacity // block * block, block
+        capacity = self.capacity
         self.slot_bytes = slot_bytes(num_layers, num_kv_heads, head_dim, dtype)
         shape = (num_layers, capacity, num_kv_heads, head_dim)
         self.k = torch.empty(shape, dtype=dtype, device=device)
         self.v = torch.empty(shape, dtype=dtype, device=device)
-        self._free = torch.arange(capacity - 1, -1, -1, dtype=torch.int64)  # a stack: top at the end
-        self._top = capacity
+        self._free = list(range(capacity // block - 1, -1, -1))  # pages, a stack
+        self._in_page = torch.arange(block, dtype=torch.int64)
         self._index: dict[tuple, _Block] = {}
         self._leaves: OrderedDict[int, _Block] = OrderedDict()  # blocks without children, LRU first
         self._ids = 0
@@ -157,7 +159,7 @@ class PrefixCache:
             out.append(blk)
             parent = blk.id
         if slots is None or len(out) > len(known):
-            slots = _cat([blk.slots for blk in out])
+            slots = self.slots([blk.page for blk in out])
         blocks = tuple(out)
         self._recent[key] = (blocks, slots)
         self._recent.move_to_end(key)
@@ -193,18 +195,17 @@ class PrefixCache:
                     if deepest.id in self._leaves:
                         self._leaves.move_to_end(deepest.id)
                 new = self._insert(ids, salt, blocks[-1] if blocks else None, len(blocks), lease)
-                hits.append(PrefixHit(slots, _cat([blk.slots for blk in new])))
+                hits.append(PrefixHit(slots, self.slots([blk.page for blk in new])))
             self._report()
         return hits, lease
 
     def _insert(self, ids, salt, parent: _Block | None, start: int, lease: Lease) -> list[_Block]:
         new, b = [], self.block
-        for i in range(start * b, (len(ids) - 1) // b * b, b):  # the blocks _match can read
-            slots = self._alloc(b)
-            if slots is None:
-                break
+        wanted = range(start * b, (len(ids) - 1) // b * b, b)  # the blocks _match can read
+        pages = self._alloc(len(wanted), partial=True)
+        for i, page in zip(wanted, pages, strict=False):
             self._ids += 1
-            blk = _Block((parent.id if parent else 0, salt, ids[i : i + b]), self._ids, parent, slots, refs=1)
+            blk = _Block((parent.id if parent else 0, salt, ids[i : i + b]), self._ids, parent, page, refs=1)
             if parent is not None:
                 parent.children += 1
                 self._leaves.pop(parent.id, None)
@@ -225,8 +226,7 @@ class PrefixCache:
             if not keep_written:
                 for blk in reversed(lease.written):
                     self._evict(blk, count=False)
-            for slots in lease.scratch:
-                self._release(slots)
+            self._free += lease.scratch
             self._report()
 
     def clear(self) -> None:
@@ -240,18 +240,30 @@ class PrefixCache:
 
     # -- slots -----------------------------------------------------------------------------------
 
-    def alloc(self, n: int) -> torch.Tensor | None:
+    def slots(self, pages: Sequence[int]) -> torch.Tensor:
+        """The slots of ``pages``, in order (int64)."""
+        if not pages:
+            return torch.zeros(0, dtype=torch.int64)
+        return (torch.tensor(pages, dtype=torch.int64).unsqueeze(1) * self.block + self._in_page).flatten()
+
+    def alloc(self, n: int) -> list[int] | None:
+        """``n`` free pages (evicting what it must), or None when the pool cannot free them."""
         with self._lock:
             return self._alloc(n)
 
-    def _alloc(self, n: int) -> torch.Tensor | None:
-        while self._top < n:
+    def _alloc(self, n: int, partial: bool = False) -> list[int] | None:
+        """``n`` pages, or None; ``partial``: as many as can be freed, up to ``n``."""
+        while len(self._free) < n:
             victim = next((b for b in self._leaves.values() if b.refs == 0), None)
             if victim is None:
-                return None
+                if not partial:
+                    return None
+                n = len(self._free)
+                break
             self._evict(victim, count=True)
-        self._top -= n
-        return self._free[self._top : self._top + n].clone()
+        out = self._free[len(self._free) - n :]
+        del self._free[len(self._free) - n :]
+        return out
 
     def _evict(self, blk: _Block, count: bool) -> None:
         blk.live = False
@@ -262,14 +274,10 @@ class PrefixCache:
             if blk.parent.children == 0:  # a leaf now: next in line after this one
                 self._leaves[blk.parent.id] = blk.parent
                 self._leaves.move_to_end(blk.parent.id, last=False)
-        self._release(blk.slots)
+        self._free.append(blk.page)
         if count:
             self.stats["evictions"] += 1
             metrics.PREFIX_CACHE_EVICTIONS.inc()
-
-    def _release(self, slots: torch.Tensor) -> None:
-        self._free[self._top : self._top + len(slots)] = slots
-        self._top += len(slots)
 
     def _report(self) -> None:
         metrics.PREFIX_CACHE_BYTES.labels(kind="used").set(len(self._index) * self.block * self.slot_bytes)
@@ -280,8 +288,4 @@ class PrefixCache:
 
     @property
     def free_slots(self) -> int:
-        return self._top
-
-
-def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
-    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
+        return len(self._free) * self.block
