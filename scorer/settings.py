@@ -208,7 +208,7 @@ class Settings:
     )
     # test knobs (never in production)
     debug_forward_delay_ms: float = setting(
-        0.0, "test knob: sleep this long before every forward batch", scopes=(SERVE,)
+        0.0, "test knob: sleep this long before every forward batch", check=at_least(0)
     )
     debug_oom_above_tokens: int = setting(
         0, "test knob: a forward batch over this many tokens raises OutOfMemoryError", scopes=(SERVE,)
