@@ -11,8 +11,6 @@ import grpc
 
 from scorer.v1 import scorer_pb2, scorer_pb2_grpc
 
-TIMEOUT_S = 10.0
-
 
 def rank(target: str, query: str, docs: dict[str, str], top_n: int = 0) -> scorer_pb2.ScoreDocsResponse:
     with grpc.insecure_channel(target) as channel:
@@ -23,9 +21,8 @@ def rank(target: str, query: str, docs: dict[str, str], top_n: int = 0) -> score
             options=scorer_pb2.ScoreOptions(scheme="auto", top_n=top_n),
             request_id="example-1",
         )
-        # the deadline also as x-timeout-ms: Ray Serve's gRPC proxy passes metadata on, not deadlines
-        timeout_ms = (("x-timeout-ms", f"{TIMEOUT_S * 1e3:g}"),)
-        return stub.ScoreDocs(request, timeout=TIMEOUT_S, metadata=timeout_ms)
+        # the deadline again as x-timeout-ms: Ray Serve's gRPC proxy passes metadata on, not deadlines
+        return stub.ScoreDocs(request, timeout=10.0, metadata=(("x-timeout-ms", "10000"),))
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ from wsgiref.simple_server import WSGIServer
 import grpc
 from grpc_health.v1 import health_pb2
 from ray import serve
-from ray.serve import Application
+from ray.serve import Application, Deployment
 from ray.serve.config import gRPCOptions
 from ray.serve.grpc_util import RayServegRPCContext
 
@@ -164,12 +164,16 @@ class ScorerDeployment:
 
 
 def build_app(args: ScorerArgs) -> Application:
-    """The application of ``serve run`` / a serve config's ``import_path``: one Scorer deployment.
+    """The application of ``serve run`` / a serve config's ``import_path``: one Scorer deployment."""
+    return deployment_for(args).bind(args.model_dump())
 
-    A replica holds as many calls as its batcher queues (``max_ongoing_requests`` = ``max_queue``;
-    a serve config's ``deployments`` section still overrides it): calls beyond wait in Ray's
-    router, where they join no batch and no deadline is checked."""
-    return ScorerDeployment.options(max_ongoing_requests=args.max_queue).bind(args.model_dump())
+
+def deployment_for(args: ScorerArgs) -> Deployment:
+    """The Scorer deployment sized to ``args``: a replica holds as many calls as its batcher queues
+    (``max_ongoing_requests`` = ``max_queue``; a serve config's ``deployments`` section still
+    overrides it), since calls beyond wait in Ray's router, where they join no batch and no
+    deadline is checked."""
+    return ScorerDeployment.options(max_ongoing_requests=args.max_queue)
 
 
 def _serve_metrics(args: Settings) -> tuple[WSGIServer | None, int]:
