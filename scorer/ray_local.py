@@ -32,6 +32,7 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, dict[str, str]]:
     p.add_argument("--num-gpus", type=float, default=0, help="per replica (0: the replicas run on the CPU)")
     p.add_argument("--replica-cpus", type=float, default=1, help="CPUs Ray reserves per replica")
     p.add_argument("--num-cpus", type=int, help="CPUs of the local Ray (default: all)")
+    p.add_argument("--quiet", action="store_true", help="the replicas' logs stay in Ray's log files")
     p.add_argument("args", nargs="*", metavar="KEY=VALUE", help="ScorerArgs of the application")
     ns = p.parse_args(argv)
     app_args = {}
@@ -67,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         num_cpus=ns.num_cpus,
         num_gpus=ns.num_gpus * ns.replicas,
         include_dashboard=False,
+        log_to_driver=not ns.quiet,
         _metrics_export_port=ns.ray_metrics_port,
     )
     try:

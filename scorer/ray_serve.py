@@ -96,6 +96,7 @@ class RayFront:
     graceful_shutdown_wait_loop_s=2.0,
     graceful_shutdown_timeout_s=30.0,
     health_check_period_s=2.0,  # how soon a dead replica is noticed and replaced (Ray's default: 10)
+    logging_config={"enable_access_log": False},  # each call's own log line has its real code
 )
 @serve.ingress()
 class ScorerDeployment:

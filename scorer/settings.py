@@ -194,8 +194,8 @@ class Settings:
     # a Ray replica
     call_timeout_s: float | None = setting(
         None,
-        "deadline of each call from its arrival at the replica (Ray's proxy does not pass the client's"
-        " deadline on); it lets the batcher refuse or drop calls that cannot finish in time",
+        "longest deadline of a call from its arrival at the replica; the client's x-timeout-ms metadata"
+        " counts when earlier (Ray's proxy passes metadata on, not gRPC deadlines)",
         scopes=(RAY,),
         check=_positive,
     )
