@@ -8,7 +8,8 @@
 #   2. the fault run: Ray at 50% of its capacity on E, the replica's process SIGKILLed after
 #      KILL_AT s; the load tool's per-second timeline shows the dip and the recovery;
 #   3. the HTTP rerank routes (Cohere, Jina, TEI shapes) through Serve's HTTP proxy, once each.
-# Writes $OUT/ray_bench.md (the tables), reports.tgz (every load-tool report), serve.log, ray.log.
+# Writes $OUT/ray_bench.md (the tables), reports.tgz (every load-tool report), serve.log.gz,
+# ray.log.gz (scorer.ray_local's output) and ray-logs.tgz (the replicas' logs).
 #   bash scripts/gpu/ray_bench.sh            (about 8 minutes; fails at the first error)
 source scripts/gpu/env.sh
 set -euo pipefail
@@ -42,7 +43,13 @@ out = []
 while lo <= hi * 1.0001:
     out.append(f'{lo:.0f}'); lo *= 1.08
 print(','.join(out))"; }
-field() { python3 -c "import json,sys; r=json.load(open('$1/report.json')); print(eval(sys.argv[1], {}, r))" "$2"; }
+share() {  # NAME FRACTION: that fraction of the sweep NAME's capacity, in calls/s
+  python3 -c "
+import json, sys
+cap = json.load(open('$R/$1/report.json'))['capacity']['auto']['achieved_rps']
+sys.exit('$1: every rate of the sweep saturated: start its RATES_ lower') if cap is None else None
+print(round($2 * cap, 1))"
+}
 
 wait_serving() {  # TARGET PID LOG: until grpc.health.v1 says SERVING (the process must stay alive)
   python3 - "$1" "$2" <<'PY' || { tail -40 "$3"; exit 1; }
@@ -80,7 +87,7 @@ measure() {  # SYSTEM TARGET: both sweeps, then 10% of scorer serve's capacity
   done
   for w in A E; do
     local low
-    low=$(field "$R/serve-$w" "round(0.1 * capacity['auto']['achieved_rps'], 1)")
+    low=$(share "serve-$w" 0.1)
     load "$1-$w-low" "$2" "/tmp/$w.jsonl" --metrics-url "$METRICS" --rate "$low" --duration 5 \
       --warmup 1 --no-samples
   done
@@ -102,14 +109,17 @@ taskset -c "$SERVER_CORES" python3 -m scorer.ray_local --num-gpus 1 --num-cpus 1
   --grpc-port 9000 --http-port 8000 --metrics-port 9464 --ray-metrics-port 9465 model="$CKPT" \
   >"$OUT/ray.log" 2>&1 &
 ray_pid=$!
-stop_ray() { kill -INT $ray_pid 2>/dev/null && timeout 90 tail --pid=$ray_pid -f /dev/null || true; }
+stop_ray() {  # Ctrl-C to scorer.ray_local, then the replicas' logs (.err) into ray-logs.tgz
+  kill -INT $ray_pid 2>/dev/null && timeout 90 tail --pid=$ray_pid -f /dev/null || true
+  tar czf "$OUT/ray-logs.tgz" -C /tmp/ray/session_latest/logs $(cd /tmp/ray/session_latest/logs && ls worker-*.err) || true
+}
 trap stop_ray EXIT
 wait_serving 127.0.0.1:9000 $ray_pid "$OUT/ray.log"
 grep "^READY" "$OUT/ray.log"
 measure ray 127.0.0.1:9000
 
 # 2. the fault run
-half=$(field "$R/ray-E" "round(0.5 * capacity['auto']['achieved_rps'], 1)")
+half=$(share ray-E 0.5)
 replica=$(pgrep -f '^ray::ServeReplica:scorer:Scorer' | head -1)
 [ -n "$replica" ] || { echo "no replica process found" >&2; exit 1; }
 calls() { python3 -c "
@@ -176,4 +186,4 @@ for api in ("cohere", "jina", "tei"):
           f"{ms(h['latency_seconds']['p99'])} |")
 PY
 cat "$OUT/ray_bench.md"
-(cd "$OUT" && tar czf reports.tgz reports && rm -r reports)
+(cd "$OUT" && tar czf reports.tgz reports && rm -r reports && gzip -f serve.log ray.log)
