@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test lint proto proto-check serve score gpu-test clean
+.PHONY: setup test lint proto proto-check serve score deploy-local gpu-test clean
 
 setup: $(STAMP)
 
@@ -39,6 +39,11 @@ score: setup
 
 serve: setup
 	$(VENV)/bin/scorer serve --http-port 8080 $(SERVE_ARGS)
+
+# Ray Serve on this machine (CPU replicas): gRPC 127.0.0.1:9000, HTTP :8000/scorer, the replica's
+# metrics :9464, Ray's :9465; Ctrl-C stops it. DEPLOY_ARGS: flags and KEY=VALUE ScorerArgs.
+deploy-local: setup
+	$(PY) -m scorer.ray_local $(DEPLOY_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

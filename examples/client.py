@@ -21,7 +21,8 @@ def rank(target: str, query: str, docs: dict[str, str], top_n: int = 0) -> score
             options=scorer_pb2.ScoreOptions(scheme="auto", top_n=top_n),
             request_id="example-1",
         )
-        return stub.ScoreDocs(request, timeout=10.0)
+        # the deadline again as x-timeout-ms: Ray Serve's gRPC proxy passes metadata on, not deadlines
+        return stub.ScoreDocs(request, timeout=10.0, metadata=(("x-timeout-ms", "10000"),))
 
 
 def main() -> None:

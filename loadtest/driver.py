@@ -25,6 +25,8 @@ APIS = ("grpc", "cohere", "jina", "tei")
 """What a run talks: gRPC ScoreDocs, or one of the HTTP rerank shapes (the server's ``api`` label)."""
 MAX_DURATION_S = 24 * 3600.0
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+TIMEOUT_KEY = "x-timeout-ms"
+"""The deadline in milliseconds as metadata (``scorer.server.handler.TIMEOUT_KEY``)."""
 _LAT_EDGES = np.geomspace(1e-5, 1e3, 801)  # progress p99: 8 decades, 100 bins each (2.3% wide)
 
 
@@ -165,6 +167,8 @@ class Driver:
             ch.unary_unary(METHOD, response_deserializer=scorer_pb2.ScoreDocsResponse.FromString)
             for ch in self._channels
         ]
+        # the deadline as metadata too: Ray Serve's gRPC proxy passes metadata on, not deadlines
+        self.metadata = ((TIMEOUT_KEY, f"{self.cfg.deadline_s * 1e3:g}"),)
 
     async def _disconnect(self) -> None:
         for ch in self._channels:
@@ -177,7 +181,7 @@ class Driver:
         self.sent += 1
         sent = self.loop.time()
         try:
-            resp = await method(c.payload, timeout=self.cfg.deadline_s)
+            resp = await method(c.payload, timeout=self.cfg.deadline_s, metadata=self.metadata)
             code, ran = "OK", resp.scheme
         except grpc.aio.AioRpcError as e:
             code, ran = e.code().name, ""

@@ -67,6 +67,9 @@ DROPPED = Counter(
     ["reason"],
     registry=REGISTRY,
 )
+DROP_REASONS = ("deadline", "unreachable", "cancelled")
+for _reason in DROP_REASONS:  # exported at 0 from the start: a dashboard's rate() has a series
+    DROPPED.labels(reason=_reason)
 REJECTED = Counter(
     "scorer_requests_rejected_total",
     "Calls refused at once (RESOURCE_EXHAUSTED): the queue was full, or the queue ahead would push"

@@ -22,14 +22,14 @@ from wsgiref.simple_server import WSGIServer
 import grpc
 from grpc_health.v1 import health_pb2
 from ray import serve
-from ray.serve import Application
+from ray.serve import Application, Deployment
 from ray.serve.config import gRPCOptions
 from ray.serve.grpc_util import RayServegRPCContext
 
 from . import metrics
 from .server.app import LOG_FORMAT, SCORER_SERVICE
 from .server.calls import RequestIdFilter
-from .server.handler import CallHandler, Metadata
+from .server.handler import CallHandler, Metadata, earliest, expired_code, sent_timeout
 from .server.http import build_app as build_http_app
 from .server.scoring import ScoringService, ready_engine
 from .settings import Settings, scorer_args_model
@@ -57,7 +57,9 @@ ScorerArgs = scorer_args_model()
 
 class RayFront:
     """A call through Serve's gRPC proxy (``context``) or a deployment handle (None: failures raise).
-    Ray's proxy does not pass the client's deadline on: ``call_timeout_s`` stands in for it."""
+    Ray's proxy does not pass the client's deadline on, but it passes metadata: the deadline is
+    ``x-timeout-ms`` from the call's arrival at the replica, or ``call_timeout_s`` (the earlier of
+    the two when both are set)."""
 
     api = "grpc"
     request_id = ""  # in the message
@@ -65,16 +67,19 @@ class RayFront:
     def __init__(self, context: RayServegRPCContext | None, timeout_s: float | None) -> None:
         self.context = context
         self.timeout_s = timeout_s
+        self._deadline: float | None = None
 
     def deadline(self, started: float) -> float | None:
-        return None if self.timeout_s is None else started + self.timeout_s
+        sent = None if self.context is None else sent_timeout(self.context.invocation_metadata())
+        self._deadline = earliest(*(None if t is None else started + t for t in (sent, self.timeout_s)))
+        return self._deadline
 
     def set_trailers(self, trailers: Metadata) -> None:
         if self.context is not None:
             self.context.set_trailing_metadata(list(trailers))
 
     def cancelled_code(self) -> grpc.StatusCode:
-        return grpc.StatusCode.CANCELLED
+        return expired_code(self._deadline)
 
     async def fail(self, code, message, trailers, exc) -> pb.ScoreDocsResponse:
         if self.context is None:
@@ -87,9 +92,11 @@ class RayFront:
 
 @serve.deployment(
     name="Scorer",
-    max_ongoing_requests=64,
+    max_ongoing_requests=int(Settings.max_queue),  # build_app: the application's max_queue
     graceful_shutdown_wait_loop_s=2.0,
     graceful_shutdown_timeout_s=30.0,
+    health_check_period_s=2.0,  # how soon a dead replica is noticed and replaced (Ray's default: 10)
+    logging_config={"enable_access_log": False},  # each call's own log line has its real code
 )
 @serve.ingress()
 class ScorerDeployment:
@@ -101,7 +108,9 @@ class ScorerDeployment:
         _configure_logging(self.settings.log_level)
         engine = await asyncio.to_thread(ready_engine, self.settings)
         self.handler = CallHandler()
-        self.service = self.handler.service = ScoringService(engine, self.settings.batch_policy())
+        self.service = self.handler.service = ScoringService(
+            engine, self.settings.batch_policy(), self.settings.knobs()
+        )
         self.service.start()
         self._closing = False
         self._metrics_http, self._metrics_port = _serve_metrics(self.settings)
@@ -157,7 +166,15 @@ class ScorerDeployment:
 
 def build_app(args: ScorerArgs) -> Application:
     """The application of ``serve run`` / a serve config's ``import_path``: one Scorer deployment."""
-    return ScorerDeployment.bind(args.model_dump())
+    return deployment_for(args).bind(args.model_dump())
+
+
+def deployment_for(args: ScorerArgs) -> Deployment:
+    """The Scorer deployment sized to ``args``: a replica holds as many calls as its batcher queues
+    (``max_ongoing_requests`` = ``max_queue``; a serve config's ``deployments`` section still
+    overrides it), since calls beyond wait in Ray's router, where they join no batch and no
+    deadline is checked."""
+    return ScorerDeployment.options(max_ongoing_requests=args.max_queue)
 
 
 def _serve_metrics(args: Settings) -> tuple[WSGIServer | None, int]:

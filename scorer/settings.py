@@ -219,8 +219,8 @@ class Settings:
     # a Ray replica
     call_timeout_s: float | None = setting(
         None,
-        "deadline of each call from its arrival at the replica (Ray's proxy does not pass the client's"
-        " deadline on); it lets the batcher refuse or drop calls that cannot finish in time",
+        "longest deadline of a call from its arrival at the replica; the client's x-timeout-ms metadata"
+        " counts when earlier (Ray's proxy passes metadata on, not gRPC deadlines)",
         scopes=(RAY,),
         check=_positive,
     )
@@ -233,7 +233,7 @@ class Settings:
     )
     # test knobs (never in production)
     debug_forward_delay_ms: float = setting(
-        0.0, "test knob: sleep this long before every forward batch", scopes=(SERVE,)
+        0.0, "test knob: sleep this long before every forward batch", check=at_least(0)
     )
     debug_oom_above_tokens: int = setting(
         0, "test knob: a forward batch over this many tokens raises OutOfMemoryError", scopes=(SERVE,)

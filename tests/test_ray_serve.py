@@ -17,7 +17,7 @@ from ray.serve.schema import ServeDeploySchema
 from ray_app import RayApp
 
 from scorer.engine import Engine
-from scorer.ray_serve import GRPC_SERVICER_FUNCTIONS, ScorerArgs
+from scorer.ray_serve import GRPC_SERVICER_FUNCTIONS, ScorerArgs, build_app
 from scorer.request import Doc, ScoreOptions, ScoreRequest
 from scorer.runtime import build_engine
 from scorer.v1 import scorer_pb2 as pb
@@ -168,3 +168,9 @@ def test_serve_config_validates_and_is_the_kuberay_serve_config():
     (worker,) = workers["template"]["spec"]["containers"]
     assert worker["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert worker["readinessProbe"]["grpc"]["port"] == parsed.grpc_options.port
+
+
+def test_a_replica_holds_as_many_calls_as_its_batcher_queues():
+    """Calls beyond ``max_ongoing_requests`` wait in Ray's router, outside any batch."""
+    app = build_app(ScorerArgs(max_queue=100))
+    assert app._bound_deployment._deployment_config.max_ongoing_requests == 100  # no public accessor

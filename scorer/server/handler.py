@@ -8,15 +8,21 @@ in-flight count), converts the proto, tokenizes, scores through the batcher and 
 whatever is raised is answered with one status (INVALID_ARGUMENT naming the field,
 RESOURCE_EXHAUSTED for over-capacity, UNAVAILABLE while loading or draining, INTERNAL only for
 real faults, logged with the traceback), and the server keeps serving.
+
+A call's deadline is the front's: gRPC's own, the ``x-timeout-ms`` metadata (the client's
+remaining time in milliseconds, which Ray's proxy passes on where it drops the deadline), the
+earlier of the two when both are set. The handler answers DEADLINE_EXCEEDED when it passes,
+wherever the call waits; a call still queued then is dropped before its forward pass.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import grpc
@@ -34,6 +40,7 @@ log = logging.getLogger(__name__)
 
 REQUEST_ID_KEY = "x-request-id"
 INVALID_FIELD_KEY = "x-invalid-field"
+TIMEOUT_KEY = "x-timeout-ms"
 SCORE_METHOD = "/scorer.v1.Scorer/ScoreDocs"
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 Metadata = tuple[tuple[str, str], ...]
@@ -47,6 +54,41 @@ class MessageTooLarge(Exception):
     """A request over ``--max-message-bytes``."""
 
 
+class DeadlinePassed(Exception):
+    """The call's deadline passed before its answer."""
+
+
+def timeout_seconds(ms: str) -> float | None:
+    """An ``x-timeout-ms`` value in seconds; None when it is not a positive number of milliseconds."""
+    try:
+        value = float(ms)
+    except ValueError:
+        return None
+    return value / 1e3 if 0 < value < math.inf else None
+
+
+def sent_timeout(metadata: Sequence[tuple[str, str | bytes]]) -> float | None:
+    """The ``x-timeout-ms`` of gRPC metadata in seconds, None when absent; InvalidInput when bad."""
+    value = next((v for k, v in metadata if k == TIMEOUT_KEY), None)
+    if value is None:
+        return None
+    seconds = timeout_seconds(value) if isinstance(value, str) else None
+    if seconds is None:
+        raise InvalidInput(TIMEOUT_KEY, f"{value!r} is not a positive number of milliseconds")
+    return seconds
+
+
+def earliest(*deadlines: float | None) -> float | None:
+    return min((d for d in deadlines if d is not None), default=None)
+
+
+def expired_code(deadline: float | None) -> grpc.StatusCode:
+    """The code of a call cancelled under the handler: DEADLINE_EXCEEDED once ``deadline`` passed
+    (with a millisecond of clock slack: an event loop's timer may fire that early), else CANCELLED."""
+    expired = deadline is not None and time.monotonic() >= deadline - 1e-3
+    return grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
+
+
 def status_for(exc: Exception) -> tuple[grpc.StatusCode, str, Metadata]:
     """The status code, details and extra trailing metadata that answer ``exc``."""
     if isinstance(exc, InvalidInput):
@@ -56,6 +98,8 @@ def status_for(exc: Exception) -> tuple[grpc.StatusCode, str, Metadata]:
     if isinstance(exc, Dropped):
         code = grpc.StatusCode.CANCELLED if exc.reason == "cancelled" else grpc.StatusCode.DEADLINE_EXCEEDED
         return code, str(exc), ()
+    if isinstance(exc, DeadlinePassed):
+        return grpc.StatusCode.DEADLINE_EXCEEDED, str(exc), ()
     if isinstance(exc, NotReady | Closed):
         return grpc.StatusCode.UNAVAILABLE, str(exc), ()
     return grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__}); see the server log", ()
@@ -71,7 +115,8 @@ class Front(Protocol):
     before the message is read; "" when none."""
 
     def deadline(self, started: float) -> float | None:
-        """The call's deadline on ``time.monotonic``'s clock, or None."""
+        """The call's deadline on ``time.monotonic``'s clock, or None; asked once, first thing (a
+        bad ``x-timeout-ms`` raises InvalidInput)."""
 
     def set_trailers(self, trailers: Metadata) -> None: ...
 
@@ -90,10 +135,13 @@ class GrpcFront:
 
     def __init__(self, context: grpc.aio.ServicerContext) -> None:
         self.context = context
+        self.arrived = time.monotonic()
         remaining = context.time_remaining()
-        self._deadline = None if remaining is None else time.monotonic() + remaining
+        self._deadline = None if remaining is None else self.arrived + remaining
 
     def deadline(self, started: float) -> float | None:
+        sent = sent_timeout(self.context.invocation_metadata() or ())
+        self._deadline = earliest(self._deadline, None if sent is None else self.arrived + sent)
         return self._deadline
 
     def set_trailers(self, trailers: Metadata) -> None:
@@ -101,9 +149,8 @@ class GrpcFront:
 
     def cancelled_code(self) -> grpc.StatusCode:
         """By the deadline read when the call arrived (once gRPC has cancelled a call whose
-        deadline passed, the context no longer tells), with a millisecond of clock slack."""
-        expired = self._deadline is not None and time.monotonic() >= self._deadline - 1e-3
-        return grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
+        deadline passed, the context no longer tells)."""
+        return expired_code(self._deadline)
 
     async def fail(self, code, message, trailers, exc) -> pb.ScoreDocsResponse:
         await self.context.abort(code, message, trailing_metadata=trailers)
@@ -134,10 +181,11 @@ class CallHandler:
             front.set_trailers(trailers)
             if front.request_id:
                 trailers = _adopt_request_id(front.request_id, call, front)
+            deadline = front.deadline(call.started)
             request = self._parse(request)
             if request.request_id:
                 trailers = _adopt_request_id(request.request_id, call, front)
-            return await self._score(request, call, front)
+            return await self._score_by(deadline, request, call)
         except asyncio.CancelledError:
             code = front.cancelled_code()
             raise
@@ -173,13 +221,28 @@ class CallHandler:
         except DecodeError as e:
             raise InvalidInput("request", f"not a ScoreDocsRequest message ({e})") from None
 
-    async def _score(self, request: pb.ScoreDocsRequest, call, front: Front) -> pb.ScoreDocsResponse:
+    async def _score_by(
+        self, deadline: float | None, request: pb.ScoreDocsRequest, call
+    ) -> pb.ScoreDocsResponse:
+        """``_score``, cancelled when ``deadline`` passes (a queued call leaves the queue unscored)."""
+        timeout = asyncio.timeout(None if deadline is None else deadline - time.monotonic())
+        try:
+            async with timeout:
+                return await self._score(request, call, deadline)
+        except TimeoutError:
+            if timeout.expired():
+                raise DeadlinePassed("the call's deadline passed before its answer") from None
+            raise
+
+    async def _score(
+        self, request: pb.ScoreDocsRequest, call, deadline: float | None
+    ) -> pb.ScoreDocsResponse:
         service = self.service
         if service is None:
             raise NotReady("the model is loading")
         job, tokenize_seconds = await service.tokenize(request_from_proto(request, call.request_id))
         call.scheme = job.scheme.name
-        scored = await service.score(job, front.deadline(call.started), call.request_id)
+        scored = await service.score(job, deadline, call.request_id)
         return response_to_proto(
             job,
             call.request_id,

@@ -50,7 +50,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 from ..planning import AUTO, names
 from ..request import TEMPLATES, InvalidInput, ScoreOptions
 from ..v1 import scorer_pb2 as pb
-from .handler import REQUEST_ID_KEY, CallHandler, MessageTooLarge, Metadata
+from .handler import REQUEST_ID_KEY, CallHandler, MessageTooLarge, Metadata, expired_code, timeout_seconds
 
 COHERE_MAX_TOKENS_PER_DOC = 4096
 """Cohere's default ``max_tokens_per_doc``."""
@@ -255,7 +255,7 @@ class HttpFront:
         self.timeout_s = default_timeout_s
         self._bad_timeout = None
         if (header := headers.get("x-timeout-ms")) is not None:
-            self.timeout_s = _seconds(header)
+            self.timeout_s = timeout_seconds(header)
             if self.timeout_s is None:
                 self._bad_timeout = header
         self.prefix_cache = headers.get("x-prefix-cache", "")
@@ -282,9 +282,7 @@ class HttpFront:
         self.answer_id = dict(trailers)[REQUEST_ID_KEY]
 
     def cancelled_code(self) -> grpc.StatusCode:
-        deadline = self.deadline(self.arrived)
-        expired = deadline is not None and time.monotonic() >= deadline - 1e-3
-        return grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
+        return expired_code(self.deadline(self.arrived))
 
     async def fail(self, code, message, trailers, exc) -> pb.ScoreDocsResponse:
         raise Failed(code, *self._explain(code, message, exc)) from exc
@@ -300,15 +298,6 @@ class HttpFront:
         if self.api == "tei":
             detail = detail.replace("set truncate=doc_end", 'set "truncate": true')
         return f"{field}: {detail}", field, 413 if SIZE_FIELDS.fullmatch(exc.field) else 400
-
-
-def _seconds(ms: str) -> float | None:
-    """``X-Timeout-Ms`` in seconds; None when it is not a positive number."""
-    try:
-        value = float(ms)
-    except ValueError:
-        return None
-    return value / 1e3 if 0 < value < math.inf else None
 
 
 def _http_field(field: str, docs: str) -> str:
@@ -372,18 +361,12 @@ def build_app(
             parsed.append(_validated(shape, raw))
             return front.options(shape.to_request(parsed[0]))
 
-        remaining = None if front.timeout_s is None else front.arrived + front.timeout_s - time.monotonic()
-        try:
-            async with asyncio.timeout(remaining):
-                reply = await handler.score_docs(build, front)
+        try:  # the handler answers DEADLINE_EXCEEDED (504) once X-Timeout-Ms passes
+            reply = await handler.score_docs(build, front)
         except Failed as f:
             return _error(
                 f.status, f.code.name, f.message, f.field, front.answer_id, id_header(front.answer_id)
             )
-        except TimeoutError:  # cancelled at its deadline: the handler counted it DEADLINE_EXCEEDED
-            code = grpc.StatusCode.DEADLINE_EXCEEDED.name
-            message = "the deadline (X-Timeout-Ms) passed"
-            return _error(504, code, message, "", front.answer_id, id_header(front.answer_id))
         return JSONResponse(shape.to_response(parsed[0], reply), headers=id_header(front.answer_id))
 
     for path, shape in SHAPES.items():

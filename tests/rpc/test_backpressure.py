@@ -114,6 +114,28 @@ def test_a_call_that_cannot_meet_its_deadline_is_refused_at_once(slow_server):
     assert slow_server.metric("scorer_forward_passes_total") - passes == 1
 
 
+def test_a_deadline_sent_as_x_timeout_ms_counts_when_earlier_than_the_grpc_one(slow_server):
+    """The metadata Ray's proxy passes on where it drops gRPC deadlines: behind a 1 s batch, a call
+    with a 30 s gRPC deadline but ``x-timeout-ms: 300`` is refused at once (RESOURCE_EXHAUSTED: the
+    forward-time estimate says it cannot make it) or, before the estimate has two batches, answered
+    DEADLINE_EXCEEDED at 300 ms; it never waits for the blocker. A bad value names the key."""
+    stub = slow_server.stub()
+    passes = slow_server.metric("scorer_forward_passes_total")
+    blocker = start_blocking_batch(slow_server, stub, "blocker-x")
+    started = time.monotonic()
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.ScoreDocs(small("x-timeout"), metadata=(("x-timeout-ms", "300"),), timeout=30)
+    assert caught.value.code() in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED)
+    assert time.monotonic() - started < FORWARD_DELAY_S * 0.7
+    with pytest.raises(grpc.RpcError) as bad:
+        stub.ScoreDocs(small("bad-timeout"), metadata=(("x-timeout-ms", "soon"),), timeout=30)
+    assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert dict(bad.value.trailing_metadata())["x-invalid-field"] == "x-timeout-ms"
+    blocker.result()
+    time.sleep(FORWARD_DELAY_S / 2)
+    assert slow_server.metric("scorer_forward_passes_total") - passes == 1  # the blocker's alone
+
+
 def test_a_call_cancelled_in_the_queue_is_dropped(slow_server):
     stub = slow_server.stub()
     dropped = slow_server.metric("scorer_requests_dropped_total", reason="cancelled")

@@ -1,5 +1,7 @@
-"""A real Prometheus (Debian's package) scrapes the server: per-scheme latency arrives, and the
-shipped rules and every Grafana panel's query are valid PromQL over the real series."""
+"""A real Prometheus (Debian's package) scrapes both deployments, the standalone server (job
+``scorer``) and a Ray Serve replica's metrics port (job ``scorer-ray``): per-scheme latency
+arrives, the shipped rules are valid, and every Grafana panel's query returns data for each
+deployment picked by the dashboard's ``job`` variable."""
 
 from __future__ import annotations
 
@@ -12,10 +14,14 @@ import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
+from urllib.parse import urlsplit
 
+import grpc
 import pytest
 from rpc_harness import REPO, free_port
 from rpc_requests import random_request
+
+from scorer.v1 import scorer_pb2_grpc
 
 PROMETHEUS = shutil.which("prometheus")
 SCHEMES = ("ragged", "multi_item", "cascade")
@@ -32,16 +38,26 @@ def query(port: int, expr: str) -> dict:
         return json.loads(r.read())
 
 
+JOBS = ("scorer", "scorer-ray")
+
+
 @pytest.fixture
-def prometheus(server, tmp_path: Path):
+def ray_stub(ray_app):
+    with grpc.insecure_channel(ray_app.grpc_target) as channel:
+        yield scorer_pb2_grpc.ScorerStub(channel)
+
+
+@pytest.fixture
+def prometheus(server, ray_app, tmp_path: Path):
     rules = REPO / "deploy/prometheus/rules.yml"
     subprocess.run(["promtool", "check", "rules", str(rules)], check=True, capture_output=True)
-    config = tmp_path / "prometheus.yml"
+    config, replica = tmp_path / "prometheus.yml", urlsplit(ray_app.metrics_url).netloc
     config.write_text(
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
         f"rule_files: ['{rules}']\n"
         "scrape_configs:\n"
         f"  - {{job_name: scorer, static_configs: [{{targets: ['127.0.0.1:{server.metrics_port}']}}]}}\n"
+        f"  - {{job_name: scorer-ray, static_configs: [{{targets: ['{replica}']}}]}}\n"
     )
     port = free_port()
     proc = subprocess.Popen(
@@ -54,37 +70,57 @@ def prometheus(server, tmp_path: Path):
     proc.wait(30)
 
 
-def test_prometheus_scrapes_per_scheme_latency_and_dashboard_queries_are_valid(server, prometheus):
+def test_prometheus_scrapes_both_deployments_and_every_panel_has_data(server, ray_stub, prometheus):
     rng = random.Random(11)
-    stub = server.stub()
-    for scheme in SCHEMES:
-        for _ in range(2):
-            stub.ScoreDocs(random_request(rng, scheme), timeout=30)
-    expr = "sum by (scheme) (scorer_request_duration_seconds_count{code='OK'})"
+    stubs = {"scorer": server.stub(), "scorer-ray": ray_stub}
+
+    def traffic() -> None:
+        for stub in stubs.values():
+            for scheme in SCHEMES:
+                stub.ScoreDocs(random_request(rng, scheme), timeout=30)
+
+    for stub in stubs.values():  # an error of each, for the errors panel
+        bad = random_request(rng, "ragged")
+        bad.docs[0].text = ""
+        with pytest.raises(grpc.RpcError):
+            stub.ScoreDocs(bad, timeout=30)
+    traffic()
+    traffic()
+    expr = "sum by (job, scheme) (scorer_request_duration_seconds_count{code='OK'})"
     deadline, seen = time.monotonic() + 60, {}
-    while time.monotonic() < deadline and not all(seen.get(s, 0) >= 2 for s in SCHEMES):
+    wanted = {(job, scheme) for job in JOBS for scheme in SCHEMES}
+    while time.monotonic() < deadline and not all(seen.get(k, 0) >= 2 for k in wanted):
         try:
             result = query(prometheus, expr)["data"]["result"]
-            seen = {r["metric"].get("scheme"): float(r["value"][1]) for r in result}
+            seen = {(r["metric"].get("job"), r["metric"].get("scheme")): float(r["value"][1]) for r in result}
         except OSError:
             pass
         time.sleep(0.5)
-    assert all(seen.get(s, 0) >= 2 for s in SCHEMES), seen
+    assert all(seen.get(k, 0) >= 2 for k in wanted), seen
 
     dashboard = json.loads((REPO / "deploy/grafana/scorer-dashboard.json").read_text())
+    (job_var,) = [v for v in dashboard["templating"]["list"] if v["name"] == "job"]
+    assert job_var["query"] == "label_values(scorer_ready, job)"
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     assert len(exprs) >= 10
-    for e in exprs:
-        reply = query(prometheus, e.replace("$__rate_interval", "1m"))
-        assert reply["status"] == "success", (e, reply)
-    p50_expr, p50 = exprs[0].replace("$__rate_interval", "5m"), []
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and {r["metric"]["scheme"] for r in p50} < set(SCHEMES):
-        for scheme in SCHEMES:  # rate() needs an increase between two scrapes
-            stub.ScoreDocs(random_request(rng, scheme), timeout=30)
+    assert all('job=~"$job"' in e for e in exprs)
+    queries = {
+        (job, e): e.replace("$__rate_interval", "1m").replace("$job", job) for job in JOBS for e in exprs
+    }
+    empty = set(queries)
+    deadline = time.monotonic() + 40
+    while empty and time.monotonic() < deadline:
+        traffic()  # rate() needs an increase between two scrapes
         time.sleep(1.5)
-        p50 = query(prometheus, p50_expr)["data"]["result"]
-    assert {r["metric"]["scheme"] for r in p50} >= set(SCHEMES)
-    for r in p50:  # the shared server also holds idle series of other tests' schemes: NaN there
-        if r["metric"]["scheme"] in SCHEMES:
-            assert 0 < float(r["value"][1]) < 30
+        for key in sorted(empty):
+            reply = query(prometheus, queries[key])
+            assert reply["status"] == "success", (key, reply)
+            if reply["data"]["result"]:
+                empty.discard(key)
+    assert not empty, sorted(empty)
+    for job in JOBS:
+        p50 = query(prometheus, queries[(job, exprs[0])].replace("[1m]", "[5m]"))["data"]["result"]
+        assert {r["metric"]["scheme"] for r in p50} >= set(SCHEMES), job
+        for r in p50:  # the shared server also holds idle series of other tests' schemes: NaN there
+            if r["metric"]["scheme"] in SCHEMES:
+                assert 0 < float(r["value"][1]) < 30, (job, r)

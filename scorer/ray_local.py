@@ -1,0 +1,106 @@
+"""Ray Serve on this machine, in the foreground: a local Ray, Serve's gRPC proxy and HTTP proxy, and
+the scorer application; Ctrl-C (or SIGTERM) shuts Serve and Ray down and exits 0.
+
+    make deploy-local                       # CPU replicas, the embedded toy model
+    python -m scorer.ray_local --num-gpus 1 model=/models/Qwen3-Reranker-0.6B max_wait_ms=1
+
+The ports are fixed (flags); once the replicas are up, one line says where everything listens:
+gRPC (``scorer.v1.Scorer``, ``grpc.health.v1.Health``), HTTP (the rerank routes under
+``/scorer``), each replica's ``scorer_`` metrics and Ray's own metrics. ``key=value`` arguments
+are the application's ``ScorerArgs`` (docs/ray.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+
+APP = "scorer"
+
+
+def parse(argv: list[str] | None) -> tuple[argparse.Namespace, dict[str, str]]:
+    p = argparse.ArgumentParser(prog="python -m scorer.ray_local", description=__doc__.split("\n\n")[0])
+    p.add_argument("--host", default="127.0.0.1", help="address of the proxies and the metrics")
+    p.add_argument("--grpc-port", type=int, default=9000)
+    p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--metrics-port", type=int, default=9464, help="the replicas' scorer_ metrics (first)")
+    p.add_argument("--ray-metrics-port", type=int, default=9465, help="Ray's own metrics (ray_serve_...)")
+    p.add_argument("--replicas", type=int, default=1)
+    p.add_argument("--num-gpus", type=float, default=0, help="per replica (0: the replicas run on the CPU)")
+    p.add_argument("--replica-cpus", type=float, default=1, help="CPUs Ray reserves per replica")
+    p.add_argument("--num-cpus", type=int, help="CPUs of the local Ray (default: all)")
+    p.add_argument("--quiet", action="store_true", help="the replicas' logs stay in Ray's log files")
+    p.add_argument("args", nargs="*", metavar="KEY=VALUE", help="ScorerArgs of the application")
+    ns = p.parse_args(argv)
+    app_args = {}
+    for item in ns.args:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            p.error(f"{item!r} is not KEY=VALUE")
+        app_args[key] = value
+    return ns, app_args
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns, app_args = parse(argv)
+    # imported here: --help and bad flags answer without Ray's import time
+    import ray
+    from pydantic import ValidationError
+    from ray import serve
+
+    from .ray_serve import ScorerArgs, deployment_for, grpc_options
+
+    try:
+        args = ScorerArgs.model_validate(
+            {"metrics_host": ns.host, "metrics_port": ns.metrics_port, **app_args}
+        )
+    except ValidationError as e:
+        print(f"bad application argument: {e}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    context = ray.init(
+        address="local",
+        num_cpus=ns.num_cpus,
+        num_gpus=ns.num_gpus * ns.replicas,
+        include_dashboard=False,
+        log_to_driver=not ns.quiet,
+        _metrics_export_port=ns.ray_metrics_port,
+    )
+    try:
+        serve.start(
+            http_options={"host": ns.host, "port": ns.http_port}, grpc_options=grpc_options(ns.grpc_port)
+        )
+        deployment = deployment_for(args).options(
+            num_replicas=ns.replicas,
+            ray_actor_options={"num_cpus": ns.replica_cpus, "num_gpus": ns.num_gpus},
+        )
+        handle = serve.run(deployment.bind(args.model_dump()), name=APP, route_prefix=f"/{APP}")
+        ports = sorted({handle.metrics_port.remote().result() for _ in range(4 * ns.replicas)})
+        metrics = ", ".join(f"http://{ns.host}:{p}/metrics" for p in ports if p) or "off"
+        print(
+            f"READY gRPC {ns.host}:{ns.grpc_port} (scorer.v1.Scorer), HTTP http://{ns.host}:{ns.http_port}"
+            f"/{APP}, replica metrics {metrics}, Ray's metrics http://{ns.host}:{ns.ray_metrics_port}"
+            f"/metrics, Ray session {context.address_info['session_dir']}; Ctrl-C stops",
+            flush=True,
+        )
+        while not stop.wait(0.5):
+            pass
+        print("stopping: Serve, then Ray", flush=True)
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the shutdown short
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+    print("stopped", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")  # a busy small machine
+    sys.exit(main())

@@ -1,0 +1,189 @@
+#!/usr/bin/env bash
+# Run 2 on the GPU machine, within 30 s of ray_unpack.sh (run 1), with the FlashInfer kit (.gpu/):
+# one Ray Serve replica (num_gpus 1, FlashInfer, CUDA graphs, fused kernels) through Serve's gRPC
+# proxy against `scorer serve` on the same checkpoint and the same calls, in this one run:
+#   1. capacity sweeps (open loop, rates x1.08 apart, STEP s each) and p50/p99 at 10% of
+#      `scorer serve`'s capacity, workloads A (300-token prompt + 10 x 50-token docs, token ids)
+#      and E (200 + 20 x 60), first `scorer serve`, then Ray;
+#   2. the fault run: Ray at 50% of its capacity on E, the replica's process SIGKILLed after
+#      KILL_AT s; the load tool's per-second timeline shows the dip and the recovery;
+#   3. the HTTP rerank routes (Cohere, Jina, TEI shapes) through Serve's HTTP proxy, once each.
+# Writes $OUT/ray_bench.md (the tables), reports.tgz (every load-tool report), serve.log.gz,
+# ray.log.gz (scorer.ray_local's output) and ray-logs.tgz (the replicas' logs).
+#   bash scripts/gpu/ray_bench.sh            (about 8 minutes; fails at the first error)
+source scripts/gpu/env.sh
+set -euo pipefail
+SITE="${RAY_SITE:-/tmp/ray-site}"
+[ -d "$SITE/ray" ] || { echo "no Ray in $SITE: run scripts/gpu/ray_unpack.sh first (< 30 s before)" >&2; exit 1; }
+export PYTHONPATH="$PYTHONPATH:$SITE"  # Ray's workers inherit it from the driver that starts Ray
+STEP="${STEP:-3}"
+KILL_AT="${KILL_AT:-15}"
+FAULT_S="${FAULT_S:-60}"
+SERVER_CORES="${SERVER_CORES:-4-15}"
+LOAD_CORES="${LOAD_CORES:-0-3}"
+CKPT="${CKPT:-/tmp/ckpt/qwen3-0.6b-random}"
+RATES_A="${RATES_A:-120:500}"  # first:last calls/s of the sweep
+RATES_E="${RATES_E:-50:220}"
+R="$OUT/reports"
+METRICS=http://127.0.0.1:9464/metrics  # scorer serve's, then the replica's (both --metrics-port 9464)
+mkdir -p "$R"
+[ -f "$CKPT/model.safetensors" ] || python3 -c "
+from pathlib import Path
+from bench.e2e import QWEN3_06B
+from scorer.models.tiny import write_random_checkpoint
+write_random_checkpoint(Path('$CKPT'), QWEN3_06B, std=0.02)"
+gen() { python3 -m loadtest.gen --requests 2000 --seed 1 --out "$@" >/dev/null; }
+gen /tmp/A.jsonl --docs 10 --prompt-tokens 300 --doc-tokens 50 --token-ids
+gen /tmp/E.jsonl --docs 20 --prompt-tokens 200 --doc-tokens 60 --token-ids
+gen /tmp/A-text.jsonl --docs 10 --prompt-tokens 300 --doc-tokens 50
+
+rates() { python3 -c "
+lo, hi = map(float, '$1'.split(':'))
+out = []
+while lo <= hi * 1.0001:
+    out.append(f'{lo:.0f}'); lo *= 1.08
+print(','.join(out))"; }
+share() {  # NAME FRACTION: that fraction of the sweep NAME's capacity, in calls/s
+  python3 -c "
+import json, sys
+cap = json.load(open('$R/$1/report.json'))['capacity']['auto']['achieved_rps']
+sys.exit('$1: every rate of the sweep saturated: start its RATES_ lower') if cap is None else None
+print(round($2 * cap, 1))"
+}
+
+wait_serving() {  # TARGET PID LOG: until grpc.health.v1 says SERVING (the process must stay alive)
+  python3 - "$1" "$2" <<'PY' || { tail -40 "$3"; exit 1; }
+import os, sys, time, grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+target, pid = sys.argv[1], int(sys.argv[2])
+stub = health_pb2_grpc.HealthStub(grpc.insecure_channel(target))
+t0 = time.time()
+while time.time() - t0 < 300:
+    os.kill(pid, 0)  # raises once the server died
+    try:
+        if stub.Check(health_pb2.HealthCheckRequest(service="scorer.v1.Scorer"), timeout=2).status == 1:
+            print(f"{target} serving after {time.time() - t0:.0f} s", flush=True)
+            raise SystemExit(0)
+    except grpc.RpcError:
+        pass
+    time.sleep(1)
+raise SystemExit(f"{target} not SERVING after 300 s")
+PY
+}
+
+load() {  # NAME TARGET REQUESTS ARGS...: one load-tool report in $R/NAME
+  local name=$1 target=$2 reqs=$3
+  shift 3
+  taskset -c "$LOAD_CORES" python3 -m loadtest.run --target "$target" --requests "$reqs" --schemes auto \
+    --deadline-ms 2000 --quiet --out "$R/$name" "$@" 2>&1 | grep -v "^report:" | tail -25
+  [ -f "$R/$name/report.json" ] || { echo "no report for $name" >&2; exit 1; }
+}
+
+measure() {  # SYSTEM TARGET: both sweeps, then 10% of scorer serve's capacity
+  for w in A E; do
+    local span=RATES_$w
+    load "$1-$w" "$2" "/tmp/$w.jsonl" --metrics-url "$METRICS" --sweep "$(rates "${!span}")" \
+      --duration "$STEP" --warmup 0.5 --pause 0.5 --stop-when-saturated --no-samples
+  done
+  for w in A E; do
+    local low
+    low=$(share "serve-$w" 0.1)
+    load "$1-$w-low" "$2" "/tmp/$w.jsonl" --metrics-url "$METRICS" --rate "$low" --duration 5 \
+      --warmup 1 --no-samples
+  done
+}
+
+# 1a. scorer serve
+taskset -c "$SERVER_CORES" python3 -m scorer serve --model "$CKPT" --port 50051 --metrics-port 9464 \
+  >"$OUT/serve.log" 2>&1 &
+serve_pid=$!
+trap 'kill $serve_pid 2>/dev/null || true' EXIT
+wait_serving 127.0.0.1:50051 $serve_pid "$OUT/serve.log"
+measure serve 127.0.0.1:50051
+kill -TERM $serve_pid
+wait $serve_pid || true
+trap - EXIT
+
+# 1b. Ray Serve: a local Ray, one replica with the GPU, Serve's proxies on the same cores
+taskset -c "$SERVER_CORES" python3 -m scorer.ray_local --num-gpus 1 --num-cpus 12 --quiet \
+  --grpc-port 9000 --http-port 8000 --metrics-port 9464 --ray-metrics-port 9465 model="$CKPT" \
+  >"$OUT/ray.log" 2>&1 &
+ray_pid=$!
+stop_ray() {  # Ctrl-C to scorer.ray_local, then the replicas' logs (.err) into ray-logs.tgz
+  kill -INT $ray_pid 2>/dev/null && timeout 90 tail --pid=$ray_pid -f /dev/null || true
+  tar czf "$OUT/ray-logs.tgz" -C /tmp/ray/session_latest/logs $(cd /tmp/ray/session_latest/logs && ls worker-*.err) || true
+}
+trap stop_ray EXIT
+wait_serving 127.0.0.1:9000 $ray_pid "$OUT/ray.log"
+grep "^READY" "$OUT/ray.log"
+measure ray 127.0.0.1:9000
+
+# 2. the fault run
+half=$(share ray-E 0.5)
+replica=$(pgrep -f '^ray::ServeReplica:scorer:Scorer' | head -1)
+[ -n "$replica" ] || { echo "no replica process found" >&2; exit 1; }
+calls() { python3 -c "
+import urllib.request
+text = urllib.request.urlopen('$METRICS', timeout=5).read().decode()
+print(int(sum(float(x.split()[-1]) for x in text.splitlines() if x.startswith('scorer_requests_total{'))))"; }
+before=$(calls)
+(
+  until [ "$(calls)" -gt "$before" ]; do sleep 0.2; done  # the load tool's first call is in
+  sleep "$KILL_AT" && kill -9 "$replica" && echo "killed replica pid $replica ${KILL_AT} s after the first call"
+) &
+killer=$!
+# no --metrics-url: the replica's counts die with it
+load ray-E-fault 127.0.0.1:9000 /tmp/E.jsonl --rate "$half" --duration "$FAULT_S"
+wait $killer
+new=$(pgrep -f '^ray::ServeReplica:scorer:Scorer' | head -1)
+[ -n "$new" ] && [ "$new" != "$replica" ] || { echo "Serve started no new replica" >&2; exit 1; }
+
+# 3. the HTTP routes through Serve's HTTP proxy
+for api in cohere jina tei; do
+  load "ray-http-$api" http://127.0.0.1:8000/scorer /tmp/A-text.jsonl --metrics-url "$METRICS" \
+    --api "$api" --rate 10 --duration 3 --no-samples
+done
+stop_ray
+trap - EXIT
+
+# the tables: side by side, the fault run's timeline
+python3 - "$R" "$KILL_AT" >"$OUT/ray_bench.md" <<'PY'
+import json, sys
+from pathlib import Path
+
+r, kill_at = Path(sys.argv[1]), sys.argv[2]
+rep = lambda name: json.loads((r / name / "report.json").read_text())
+ms = lambda v: "-" if v is None else f"{v * 1e3:.1f}"
+print("| workload | system | capacity calls/s | p50 / p99 ms at capacity | p50 / p99 ms at 10% of serve's |")
+print("|---|---|---:|---:|---:|")
+for w in "AE":
+    caps = {}
+    for system in ("serve", "ray"):
+        sweep, low = rep(f"{system}-{w}"), rep(f"{system}-{w}-low")
+        cap = sweep["capacity"]["auto"]["achieved_rps"]
+        caps[system] = cap
+        best = max((x for x in sweep["runs"] if not x["saturation"]["saturated"]),
+                   key=lambda x: x["achieved_rps"], default=None)
+        at = best["latency_seconds"] if best else {"p50": None, "p99": None}
+        lo = low["latency_seconds"]
+        print(f"| {w} | {system} | {cap or 0:.1f} | {ms(at['p50'])} / {ms(at['p99'])} | "
+              f"{ms(lo['p50'])} / {ms(lo['p99'])} |")
+    if caps["serve"] and caps["ray"]:
+        print(f"| {w} | ray / serve | {caps['ray'] / caps['serve']:.2f} | | |")
+fault = rep("ray-E-fault")
+fault["timeline"] = fault["runs"][0]["timeline"]
+print(f"\nFault run: {fault['offered_rps']:.0f} calls/s offered on E (50% of Ray's capacity), the replica "
+      f"SIGKILLed {kill_at} s after its first call; calls {fault['requests']}, by code {fault['by_code']}\n")
+for code, msg in fault.get("error_examples", {}).items():
+    print(f"- `{code}`: {msg[:160]}")
+print("\n| t s | sent | ok | failed | p50 ms | p99 ms |\n|---:|---:|---:|---:|---:|---:|")
+for t in fault["timeline"]:
+    print(f"| {t['t']:.0f} | {t['sent']} | {t['ok']} | {t['failed']} | {ms(t['p50'])} | {ms(t['p99'])} |")
+print("\n| HTTP through Serve's proxy | calls | by code | p50 / p99 ms |\n|---|---:|---|---:|")
+for api in ("cohere", "jina", "tei"):
+    h = rep(f"ray-http-{api}")
+    print(f"| {api} | {h['requests']} | {h['by_code']} | {ms(h['latency_seconds']['p50'])} / "
+          f"{ms(h['latency_seconds']['p99'])} |")
+PY
+cat "$OUT/ray_bench.md"
+(cd "$OUT" && tar czf reports.tgz reports && rm -r reports && gzip -f serve.log ray.log)

@@ -1,0 +1,206 @@
+"""Deadlines and faults on Ray Serve: a second application on the session's Ray whose replica
+sleeps SLOW_FORWARD_S before every forward batch (the forward-delay test knob), so calls wait in
+the replica's queue behind a batch.
+
+- The client's deadline reaches the replica as ``x-timeout-ms`` metadata (Ray's proxy drops gRPC
+  deadlines): a call whose deadline passes while queued is answered DEADLINE_EXCEEDED by the
+  replica, at its deadline, and never computed.
+- The replica's process killed under load: no call outlives its deadline, the calls that were
+  on it fail with a documented code (docs/ray.md), Serve starts a new replica, later calls succeed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from ray import serve
+from ray.serve.generated import serve_pb2, serve_pb2_grpc
+from ray_app import APP, RayApp, free_port
+
+from scorer.ray_serve import ScorerArgs, ScorerDeployment
+from scorer.v1 import scorer_pb2 as pb
+from scorer.v1 import scorer_pb2_grpc
+
+SLOW = "slow"
+SLOW_FORWARD_S = 1.0
+ROUTED = (("application", SLOW),)
+pytestmark = pytest.mark.slow
+
+
+@dataclass(frozen=True)
+class SlowApp:
+    channel: grpc.Channel
+    metrics_url: str
+
+    def stub(self) -> scorer_pb2_grpc.ScorerStub:
+        return scorer_pb2_grpc.ScorerStub(self.channel)
+
+    def metric(self, name: str, **labels: str) -> float:
+        with urllib.request.urlopen(self.metrics_url, timeout=10) as r:
+            text = r.read().decode()
+        return sum(
+            s.value
+            for f in text_string_to_metric_families(text)
+            for s in f.samples
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+        )
+
+    def wait_metric(self, name: str, value: float, timeout_s: float = 30.0) -> None:
+        give_up = time.monotonic() + timeout_s
+        while self.metric(name) < value:
+            assert time.monotonic() < give_up, f"{name} never reached {value}"
+            time.sleep(0.02)
+
+
+def _applications(channel: grpc.Channel) -> set[str]:
+    routes = serve_pb2_grpc.RayServeAPIServiceStub(channel)
+    return set(routes.ListApplications(serve_pb2.ListApplicationsRequest(), timeout=10).application_names)
+
+
+def _wait_for(channel: grpc.Channel, apps: set[str], timeout_s: float = 30.0) -> None:
+    give_up = time.monotonic() + timeout_s
+    while _applications(channel) != apps:
+        assert time.monotonic() < give_up, f"the gRPC proxy never routed to exactly {apps}"
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def slow_app(ray_app: RayApp) -> Iterator[SlowApp]:
+    args = ScorerArgs(
+        model=str(ray_app.model_dir),
+        device="cpu",
+        max_wait_ms=0,
+        debug_forward_delay_ms=SLOW_FORWARD_S * 1e3,
+        metrics_host="127.0.0.1",
+        metrics_port=free_port(),
+    )
+    # no CPU reserved: the session's Ray has 2, and the shared application's replica holds one
+    deployment = ScorerDeployment.options(ray_actor_options={"num_cpus": 0})
+    handle = serve.run(deployment.bind(args.model_dump()), name=SLOW, route_prefix="/slow")
+    port = handle.metrics_port.remote().result()
+    with grpc.insecure_channel(ray_app.grpc_target) as channel:
+        _wait_for(channel, {APP, SLOW})
+        try:
+            yield SlowApp(channel, f"http://127.0.0.1:{port}/metrics")
+        finally:
+            serve.delete(SLOW)
+            _wait_for(channel, {APP})  # the other Ray tests call without application metadata
+
+
+def _request(request_id: str) -> pb.ScoreDocsRequest:
+    return pb.ScoreDocsRequest(
+        prompt="q",
+        docs=[pb.Doc(text="a document")],
+        options=pb.ScoreOptions(scheme="ragged", template="plain"),
+        request_id=request_id,
+    )
+
+
+def test_a_deadline_sent_as_metadata_drops_the_call_queued_in_the_replica(slow_app):
+    """First on the fresh replica: its forward-time model has seen no batch yet, so the call is
+    admitted (with one fitted, the replica would refuse it at once with RESOURCE_EXHAUSTED)."""
+    stub = slow_app.stub()
+    computed = slow_app.metric("scorer_batch_requests_sum")
+    dropped = slow_app.metric("scorer_requests_dropped_total", reason="deadline")
+    batches = slow_app.metric("scorer_batch_requests_count")
+    blocker = stub.ScoreDocs.future(_request("blocker"), metadata=ROUTED, timeout=30)
+    slow_app.wait_metric("scorer_batch_requests_count", batches + 1)  # its forward has begun
+
+    started = time.monotonic()
+    with pytest.raises(grpc.RpcError) as caught:  # the client's own deadline is 30 s: the replica answers
+        stub.ScoreDocs(_request("late"), metadata=(*ROUTED, ("x-timeout-ms", "300")), timeout=30)
+    waited = time.monotonic() - started
+
+    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, caught.value.details()
+    assert "deadline" in caught.value.details()
+    assert 0.3 <= waited < SLOW_FORWARD_S - 0.2  # at its deadline, not once the blocker's batch ended
+    assert len(blocker.result().results) == 1
+    assert slow_app.metric("scorer_requests_dropped_total", reason="deadline") == dropped + 1
+    assert slow_app.metric("scorer_requests_total", code="DEADLINE_EXCEEDED") >= 1
+    time.sleep(SLOW_FORWARD_S / 2)  # a forward of "late" would have been counted by now
+    assert slow_app.metric("scorer_batch_requests_sum") == computed + 1  # the blocker alone was computed
+
+
+def _replica_pids(app: str) -> set[int]:
+    """The processes of the application's replicas: Ray titles a replica worker
+    ``ray::ServeReplica:<app>:<deployment>``."""
+    title = f"ray::ServeReplica:{app}:Scorer".encode()
+    pids = set()
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and (proc / "cmdline").read_bytes().startswith(title):
+                pids.add(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+DEADLINE_S = 5.0
+RATE = 10.0  # calls/s: ~10 queued behind each 1 s batch, so calls are on the replica when it dies
+RECOVERED_S = 5.0  # the load runs this long after the new replica's first answer
+DIED = "actor died unexpectedly"
+"""In the details of Ray's proxy's INTERNAL for a call that was on the replica when it died."""
+
+
+@dataclass
+class Sent:
+    sent: float
+    future: grpc.Future
+    ended: float = 0.0
+
+    @property
+    def code(self) -> grpc.StatusCode:
+        return self.future.code()
+
+
+def test_a_replica_killed_under_load_fails_its_calls_in_time_and_serves_again(slow_app):
+    """SIGKILL to the replica's process while ~10 calls are on it and more arrive: every call ends
+    by its deadline; those on the replica fail with INTERNAL from Ray's proxy (the actor died),
+    those sent meanwhile wait in Ray's router for a replica (DEADLINE_EXCEEDED at the client's
+    deadline if none comes in time); Serve starts a new replica and the calls then succeed."""
+    stub = slow_app.stub()
+    (pid,) = _replica_pids(SLOW)
+    metadata = (*ROUTED, ("x-timeout-ms", f"{DEADLINE_S * 1e3:g}"))
+    calls: list[Sent] = []
+    started = time.monotonic()
+    killed = recovered = None
+    while not (recovered and time.monotonic() - recovered > RECOVERED_S):
+        assert time.monotonic() - started < 120, "no call succeeded on a new replica within 2 minutes"
+        now = time.monotonic()
+        future = stub.ScoreDocs.future(_request(f"load-{len(calls)}"), metadata=metadata, timeout=DEADLINE_S)
+        call = Sent(now, future)
+        future.add_done_callback(lambda _, c=call: setattr(c, "ended", time.monotonic()))
+        calls.append(call)
+        if killed is None and now - started > 3.0:
+            os.kill(pid, signal.SIGKILL)
+            killed = now
+        if killed and not recovered:
+            answered = (c for c in calls if c.sent > killed and c.ended and c.code == grpc.StatusCode.OK)
+            recovered = next((c.ended for c in answered), None)
+        time.sleep(max(0.0, started + len(calls) / RATE - time.monotonic()))
+    for c in calls:
+        c.future.exception()  # waits for its end
+
+    assert max(c.ended - c.sent for c in calls) < DEADLINE_S + 0.5  # nothing hung past its deadline
+    failed = {c.code for c in calls if c.code != grpc.StatusCode.OK}
+    assert failed <= {
+        grpc.StatusCode.INTERNAL,  # on the replica when it died
+        grpc.StatusCode.DEADLINE_EXCEEDED,  # waiting for a replica
+        grpc.StatusCode.RESOURCE_EXHAUSTED,  # refused by the replica's admission (its queue ahead)
+    }, failed
+    died = [c for c in calls if c.code == grpc.StatusCode.INTERNAL]
+    assert died and all(DIED in c.future.details() for c in died)
+    assert all(c.sent < killed for c in died)
+    (new_pid,) = _replica_pids(SLOW)
+    assert new_pid != pid
+    last = [c for c in calls if c.sent > calls[-1].sent - 2.0]
+    assert all(c.code == grpc.StatusCode.OK for c in last), [c.code for c in last]

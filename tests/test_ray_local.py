@@ -1,0 +1,88 @@
+"""`make deploy-local` (python -m scorer.ray_local): a local Ray with Serve's proxies on fixed ports
+answers a call through the gRPC proxy, serves the replica's metrics on the port it printed, and a
+terminal's Ctrl-C (SIGINT to its whole process group) stops Serve and Ray and exits 0."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from ray_app import free_port
+
+from scorer.models.tiny import ensure_tiny_model
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+READY_S = 120.0
+STOP_S = 60.0
+
+
+def _session_processes(session_dir: str) -> list[int]:
+    """Processes of that Ray session: Ray passes its session directory to each one it starts."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and session_dir.encode() in (proc / "cmdline").read_bytes():
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+def test_deploy_local_answers_a_call_and_stops_cleanly_on_ctrl_c(tmp_path):
+    ensure_tiny_model(tmp_path)
+    grpc_port, http_port, metrics_port, ray_metrics_port = (free_port() for _ in range(4))
+    cmd = [
+        *(sys.executable, "-m", "scorer.ray_local", "--grpc-port", str(grpc_port)),
+        *("--http-port", str(http_port), "--metrics-port", str(metrics_port)),
+        *("--ray-metrics-port", str(ray_metrics_port), "max_wait_ms=1"),
+    ]
+    env = {**os.environ, "SCORER_CACHE_DIR": str(tmp_path)}
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+    )
+    lines: list[str] = []
+    ready = threading.Event()
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("READY "):
+                ready.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert ready.wait(READY_S), "".join(lines[-30:])
+        (line,) = [x for x in lines if x.startswith("READY ")]
+        assert f"gRPC 127.0.0.1:{grpc_port} " in line
+        assert f"replica metrics http://127.0.0.1:{metrics_port}/metrics" in line
+        session_dir = re.search(r"Ray session (\S+);", line).group(1)
+
+        client = [sys.executable, "examples/client.py", "--target", f"127.0.0.1:{grpc_port}"]
+        answer = subprocess.run(client, cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert answer.returncode == 0 and "scheme=" in answer.stdout, answer.stdout + answer.stderr
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as r:
+            assert 'scorer_requests_total{api="grpc",code="OK"' in r.read().decode()
+        assert _session_processes(session_dir)
+
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+        assert proc.wait(STOP_S) == 0, "".join(lines[-30:])
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    reader.join(10)
+    assert lines[-1].strip() == "stopped", "".join(lines[-30:])
+    give_up = time.monotonic() + 10  # Ray's last processes exit a moment after the driver
+    while _session_processes(session_dir) and time.monotonic() < give_up:
+        time.sleep(0.2)
+    assert not _session_processes(session_dir)
