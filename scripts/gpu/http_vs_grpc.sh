@@ -56,24 +56,7 @@ finish() {  # also on failure: the device returns a handful of files, so the rep
   [ ${#dirs[@]} -eq 0 ] || { tar czf reports.tgz "${dirs[@]}" && rm -r "${dirs[@]}"; }
 }
 trap finish EXIT
-SERVER_PID=$SERVER_PID "$PY" - <<'PY' || { tail -20 "$OUT/server.log"; exit 1; }
-import os, time, urllib.request, grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-stub = health_pb2_grpc.HealthStub(grpc.insecure_channel("127.0.0.1:50051"))
-t0 = time.time()
-while time.time() - t0 < 240:
-    os.kill(int(os.environ["SERVER_PID"]), 0)  # raises when the server died
-    try:
-        if stub.Check(health_pb2.HealthCheckRequest(), timeout=2).status == health_pb2.HealthCheckResponse.SERVING:
-            with urllib.request.urlopen("http://127.0.0.1:8080/health", timeout=2) as r:
-                assert r.status == 200, r.status
-            print(f"serving gRPC and HTTP after {time.time() - t0:.0f} s", flush=True)
-            raise SystemExit(0)
-    except grpc.RpcError:
-        pass
-    time.sleep(1)
-raise SystemExit("server not ready after 240 s")
-PY
+"$PY" scripts/gpu/wait_serving.py "$SERVER_PID" --http http://127.0.0.1:8080/health || { tail -20 "$OUT/server.log"; exit 1; }
 
 COMMON=(--duration "$STEP" --warmup 1 --pause 1 --deadline-ms 2000 --channels 4 --quiet --no-samples
   --metrics-url http://127.0.0.1:9464/metrics)

@@ -22,22 +22,7 @@ for cfg in ${3:-serving eager}; do
   taskset -c 4-15 python3 -m scorer serve --model "$CKPT" --port 50051 --metrics-port 9464 "${extra[@]}" \
     >"$OUT/server-$cfg.log" 2>&1 &
   pid=$!
-  SERVER_PID=$pid python3 - <<'PY' || { tail -20 "$OUT/server-$cfg.log"; kill $pid; exit 1; }
-import os, time, grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-stub = health_pb2_grpc.HealthStub(grpc.insecure_channel("127.0.0.1:50051"))
-t0 = time.time()
-while time.time() - t0 < 240:
-    os.kill(int(os.environ["SERVER_PID"]), 0)  # raises when the server died
-    try:
-        if stub.Check(health_pb2.HealthCheckRequest(), timeout=2).status == health_pb2.HealthCheckResponse.SERVING:
-            print(f"serving after {time.time() - t0:.0f} s", flush=True)
-            raise SystemExit(0)
-    except grpc.RpcError:
-        pass
-    time.sleep(1)
-raise SystemExit("server not ready after 240 s")
-PY
+  python3 scripts/gpu/wait_serving.py $pid || { tail -20 "$OUT/server-$cfg.log"; kill $pid; exit 1; }
   taskset -c 0-3 python3 -m loadtest.run --target 127.0.0.1:50051 --requests /tmp/reqs.jsonl \
     --sweep "$RATES" --schemes auto --duration "$STEP" --warmup 1 --pause 1 --deadline-ms 2000 \
     --stop-when-saturated --quiet --no-samples --metrics-url http://127.0.0.1:9464/metrics --out "$OUT/sweep-$cfg" \
