@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     from pydantic import ValidationError
     from ray import serve
 
-    from .ray_serve import ScorerArgs, deployment_for, grpc_options
+    from .ray_serve import RAY_ENV, ScorerArgs, deployment_for, grpc_options
 
     try:
         args = ScorerArgs.model_validate(
@@ -60,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValidationError as e:
         print(f"bad application argument: {e}", file=sys.stderr)
         return 2
+    for key, value in RAY_ENV.items():  # before Ray starts: its processes inherit them
+        os.environ.setdefault(key, value)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -82,10 +84,11 @@ def main(argv: list[str] | None = None) -> int:
         handle = serve.run(deployment.bind(args.model_dump()), name=APP, route_prefix=f"/{APP}")
         ports = sorted({handle.metrics_port.remote().result() for _ in range(4 * ns.replicas)})
         metrics = ", ".join(f"http://{ns.host}:{p}/metrics" for p in ports if p) or "off"
+        switches = " ".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("RAY_SERVE_"))
         print(
             f"READY gRPC {ns.host}:{ns.grpc_port} (scorer.v1.Scorer), HTTP http://{ns.host}:{ns.http_port}"
             f"/{APP}, replica metrics {metrics}, Ray's metrics http://{ns.host}:{ns.ray_metrics_port}"
-            f"/metrics, Ray session {context.address_info['session_dir']}; Ctrl-C stops",
+            f"/metrics, Ray session {context.address_info['session_dir']}, {switches}; Ctrl-C stops",
             flush=True,
         )
         while not stop.wait(0.5):

@@ -42,6 +42,10 @@ GRPC_SERVICER_FUNCTIONS = [
     "grpc_health.v1.health_pb2_grpc.add_HealthServicer_to_server",
 ]
 HEALTHY_SERVICES = ("", SCORER_SERVICE)
+RAY_ENV = {"RAY_SERVE_PROXY_USE_GRPC": "1"}
+"""Ray's switches for the processes of a Ray that serves the scorer (set before Ray starts: each
+Ray process inherits them): Serve's proxies call the replicas over gRPC instead of Ray's actor
+calls, 2-3 ms less a call and about a fifth more calls/s through the proxy (docs/ray.md)."""
 
 
 def grpc_options(port: int = 9000, request_timeout_s: float | None = None) -> gRPCOptions:

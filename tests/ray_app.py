@@ -18,7 +18,7 @@ from ray import serve
 from ray.serve.generated import serve_pb2, serve_pb2_grpc
 
 from scorer.models.tiny import ensure_tiny_model
-from scorer.ray_serve import ScorerArgs, build_app, grpc_options
+from scorer.ray_serve import RAY_ENV, ScorerArgs, build_app, grpc_options
 
 APP = "scorer"
 
@@ -52,6 +52,8 @@ def start(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayApp]:
         # A busy 2-core runner can starve the proxy's start past Ray's 5 s ready check (it is then
         # killed and restarted, and serve.run fails); Ray's processes inherit this from the driver.
         env.setenv("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
+        for key, value in RAY_ENV.items():  # as deployed
+            env.setenv(key, value)
         ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
     try:

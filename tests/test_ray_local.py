@@ -65,7 +65,8 @@ def test_deploy_local_answers_a_call_and_stops_cleanly_on_ctrl_c(tmp_path):
         (line,) = [x for x in lines if x.startswith("READY ")]
         assert f"gRPC 127.0.0.1:{grpc_port} " in line
         assert f"replica metrics http://127.0.0.1:{metrics_port}/metrics" in line
-        session_dir = re.search(r"Ray session (\S+);", line).group(1)
+        session_dir = re.search(r"Ray session (\S+),", line).group(1)
+        assert "RAY_SERVE_PROXY_USE_GRPC=1" in line  # scorer.ray_serve.RAY_ENV
 
         client = [sys.executable, "examples/client.py", "--target", f"127.0.0.1:{grpc_port}"]
         answer = subprocess.run(client, cwd=REPO, capture_output=True, text=True, timeout=60)

@@ -17,7 +17,7 @@ from ray.serve.schema import ServeDeploySchema
 from ray_app import RayApp
 
 from scorer.engine import Engine
-from scorer.ray_serve import GRPC_SERVICER_FUNCTIONS, ScorerArgs, build_app
+from scorer.ray_serve import GRPC_SERVICER_FUNCTIONS, RAY_ENV, ScorerArgs, build_app
 from scorer.request import Doc, ScoreOptions, ScoreRequest
 from scorer.runtime import build_engine
 from scorer.v1 import scorer_pb2 as pb
@@ -168,6 +168,9 @@ def test_serve_config_validates_and_is_the_kuberay_serve_config():
     (worker,) = workers["template"]["spec"]["containers"]
     assert worker["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert worker["readinessProbe"]["grpc"]["port"] == parsed.grpc_options.port
+    (head,) = service["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"]
+    for container in (head, worker):  # Ray's switches reach every Ray process of the cluster
+        assert {e["name"]: e["value"] for e in container["env"]} == RAY_ENV
 
 
 def test_a_replica_holds_as_many_calls_as_its_batcher_queues():

@@ -11,6 +11,8 @@
 # Writes $OUT/ray_bench.md (the tables), reports.tgz (every load-tool report), serve.log.gz,
 # ray.log.gz (scorer.ray_local's output) and ray-logs.tgz (the replicas' logs).
 #   bash scripts/gpu/ray_bench.sh            (about 8 minutes; fails at the first error)
+# Ray's own knobs pass through the environment to every Ray process, e.g. the proxy's:
+#   RAY_SERVE_PROXY_USE_GRPC=0 bash scripts/gpu/ray_bench.sh   (Ray's actor calls instead of scorer.ray_serve.RAY_ENV)
 source scripts/gpu/env.sh
 set -euo pipefail
 SITE="${RAY_SITE:-/tmp/ray-site}"
@@ -154,6 +156,8 @@ from pathlib import Path
 r, kill_at = Path(sys.argv[1]), sys.argv[2]
 rep = lambda name: json.loads((r / name / "report.json").read_text())
 ms = lambda v: "-" if v is None else f"{v * 1e3:.1f}"
+ready = [x for x in (r.parent / "ray.log").read_text().splitlines() if x.startswith("READY")]
+print(f"Ray: `{ready[0]}`\n")
 print("| workload | system | capacity calls/s | p50 / p99 ms at capacity | p50 / p99 ms at 10% of serve's |")
 print("|---|---|---:|---:|---:|")
 for w in "AE":
