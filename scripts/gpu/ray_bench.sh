@@ -89,13 +89,15 @@ measure() {  # SYSTEM TARGET: both sweeps, then 10% of scorer serve's capacity
   done
   for w in A E; do
     local low
-    low=$(share "serve-$w" 0.1)
+    local given=LOW_$w
+    low=${!given:-$(share "serve-$w" 0.1)}  # LOW_A / LOW_E: 10% of a scorer serve measured earlier
     load "$1-$w-low" "$2" "/tmp/$w.jsonl" --metrics-url "$METRICS" --rate "$low" --duration 5 \
       --warmup 1 --no-samples
   done
 }
 
-# 1a. scorer serve
+# 1a. scorer serve  (SKIP_SERVE=1 with LOW_A and LOW_E: Ray alone, against a serve run of an earlier call)
+if [ -z "${SKIP_SERVE:-}" ]; then
 taskset -c "$SERVER_CORES" python3 -m scorer serve --model "$CKPT" --port 50051 --metrics-port 9464 \
   >"$OUT/serve.log" 2>&1 &
 serve_pid=$!
@@ -105,6 +107,7 @@ measure serve 127.0.0.1:50051
 kill -TERM $serve_pid
 wait $serve_pid || true
 trap - EXIT
+fi
 
 # 1b. Ray Serve: a local Ray, one replica with the GPU, Serve's proxies on the same cores
 taskset -c "$SERVER_CORES" python3 -m scorer.ray_local --num-gpus 1 --num-cpus 12 --quiet \
@@ -117,6 +120,7 @@ stop_ray() {  # Ctrl-C to scorer.ray_local, then the replicas' logs (.err) into 
 }
 trap stop_ray EXIT
 wait_serving 127.0.0.1:9000 $ray_pid "$OUT/ray.log"
+for _ in $(seq 50); do grep -q "^READY" "$OUT/ray.log" && break; sleep 0.2; done  # printed after health
 grep "^READY" "$OUT/ray.log"
 measure ray 127.0.0.1:9000
 
@@ -163,6 +167,9 @@ print("|---|---|---:|---:|---:|")
 for w in "AE":
     caps = {}
     for system in ("serve", "ray"):
+        if not (r / f"{system}-{w}").exists():  # SKIP_SERVE=1
+            caps[system] = None
+            continue
         sweep, low = rep(f"{system}-{w}"), rep(f"{system}-{w}-low")
         cap = sweep["capacity"]["auto"]["achieved_rps"]
         caps[system] = cap
@@ -190,4 +197,4 @@ for api in ("cohere", "jina", "tei"):
           f"{ms(h['latency_seconds']['p99'])} |")
 PY
 cat "$OUT/ray_bench.md"
-(cd "$OUT" && tar czf reports.tgz reports && rm -r reports && gzip -f serve.log ray.log)
+(cd "$OUT" && tar czf reports.tgz reports && rm -r reports && gzip -f ray.log && { [ ! -f serve.log ] || gzip -f serve.log; })

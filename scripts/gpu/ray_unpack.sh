@@ -38,6 +38,16 @@ with tempfile.TemporaryDirectory(dir="/tmp") as stage:
             continue
         shutil.copytree(dist, site, dirs_exist_ok=True)
         print(f"{name} {version}" + (f" over the image's {have}" if have else ""))
+# wheels are zip files, which keep no permissions: Ray's own binaries (gcs_server, raylet) and
+# every other ELF file must be executable again
+n = 0
+for f in site.rglob("*"):
+    if f.is_file() and not f.is_symlink():
+        with f.open("rb") as fh:
+            if fh.read(4) == b"\x7fELF":
+                f.chmod(f.stat().st_mode | 0o111)
+                n += 1
+print(f"{n} ELF files made executable")
 PY
 PYTHONPATH="$SITE" python3 -c "
 import ray, ray.serve, fastapi, uvicorn, grpc_reflection
