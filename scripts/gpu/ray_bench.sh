@@ -17,7 +17,8 @@ source scripts/gpu/env.sh
 set -euo pipefail
 SITE="${RAY_SITE:-/tmp/ray-site}"
 [ -d "$SITE/ray" ] || { echo "no Ray in $SITE: run scripts/gpu/ray_unpack.sh first (< 30 s before)" >&2; exit 1; }
-export PYTHONPATH="$PYTHONPATH:$SITE"  # Ray's workers inherit it from the driver that starts Ray
+# Ray's workers inherit it from the driver that starts Ray; absolute: they need not start in $PWD
+export PYTHONPATH="$PWD:$PYTHONPATH:$SITE"
 STEP="${STEP:-3}"
 KILL_AT="${KILL_AT:-15}"
 FAULT_S="${FAULT_S:-60}"
@@ -96,17 +97,32 @@ measure() {  # SYSTEM TARGET: both sweeps, then 10% of scorer serve's capacity
   done
 }
 
+serve_pid= ray_pid=
+stop_ray() {  # Ctrl-C to scorer.ray_local, then the replicas' logs (.err) into ray-logs.tgz
+  [ -n "$ray_pid" ] || return 0
+  kill -INT "$ray_pid" 2>/dev/null && timeout 90 tail --pid="$ray_pid" -f /dev/null || true
+  ray_pid=
+  local logs=/tmp/ray/session_latest/logs
+  tar czf "$OUT/ray-logs.tgz" -C $logs $(cd $logs && ls worker-*.err) || true
+}
+finish() {  # also on failure: no server left running, at most a handful of files in $OUT
+  [ -z "$serve_pid" ] || kill "$serve_pid" 2>/dev/null || true
+  stop_ray
+  cd "$OUT" && { [ ! -d reports ] || { tar czf reports.tgz reports && rm -r reports; }; }
+  gzip -f serve.log ray.log 2>/dev/null || true
+}
+trap finish EXIT
+
 # 1a. scorer serve  (SKIP_SERVE=1 with LOW_A and LOW_E: Ray alone, against a serve run of an earlier call)
 if [ -z "${SKIP_SERVE:-}" ]; then
 taskset -c "$SERVER_CORES" python3 -m scorer serve --model "$CKPT" --port 50051 --metrics-port 9464 \
   >"$OUT/serve.log" 2>&1 &
 serve_pid=$!
-trap 'kill $serve_pid 2>/dev/null || true' EXIT
 wait_serving 127.0.0.1:50051 $serve_pid "$OUT/serve.log"
 measure serve 127.0.0.1:50051
 kill -TERM $serve_pid
 wait $serve_pid || true
-trap - EXIT
+serve_pid=
 fi
 
 # 1b. Ray Serve: a local Ray, one replica with the GPU, Serve's proxies on the same cores
@@ -114,14 +130,13 @@ taskset -c "$SERVER_CORES" python3 -m scorer.ray_local --num-gpus 1 --num-cpus 1
   --grpc-port 9000 --http-port 8000 --metrics-port 9464 --ray-metrics-port 9465 model="$CKPT" \
   >"$OUT/ray.log" 2>&1 &
 ray_pid=$!
-stop_ray() {  # Ctrl-C to scorer.ray_local, then the replicas' logs (.err) into ray-logs.tgz
-  kill -INT $ray_pid 2>/dev/null && timeout 90 tail --pid=$ray_pid -f /dev/null || true
-  tar czf "$OUT/ray-logs.tgz" -C /tmp/ray/session_latest/logs $(cd /tmp/ray/session_latest/logs && ls worker-*.err) || true
-}
-trap stop_ray EXIT
+for _ in $(seq 300); do  # READY: Serve runs, the replica is up (its metrics port is known)
+  grep -q "^READY" "$OUT/ray.log" && break
+  kill -0 $ray_pid 2>/dev/null || { tail -40 "$OUT/ray.log"; exit 1; }
+  sleep 1
+done
+grep "^READY" "$OUT/ray.log" || { tail -40 "$OUT/ray.log"; exit 1; }
 wait_serving 127.0.0.1:9000 $ray_pid "$OUT/ray.log"
-for _ in $(seq 50); do grep -q "^READY" "$OUT/ray.log" && break; sleep 0.2; done  # printed after health
-grep "^READY" "$OUT/ray.log"
 measure ray 127.0.0.1:9000
 
 # 2. the fault run
@@ -134,7 +149,10 @@ text = urllib.request.urlopen('$METRICS', timeout=5).read().decode()
 print(int(sum(float(x.split()[-1]) for x in text.splitlines() if x.startswith('scorer_requests_total{'))))"; }
 before=$(calls)
 (
-  until [ "$(calls)" -gt "$before" ]; do sleep 0.2; done  # the load tool's first call is in
+  for _ in $(seq 300); do  # until the load tool's first call is in (60 s at most)
+    [ "$(calls || echo 0)" -gt "$before" ] && break
+    sleep 0.2
+  done
   sleep "$KILL_AT" && kill -9 "$replica" && echo "killed replica pid $replica ${KILL_AT} s after the first call"
 ) &
 killer=$!
@@ -150,7 +168,6 @@ for api in cohere jina tei; do
     --api "$api" --rate 10 --duration 3 --no-samples
 done
 stop_ray
-trap - EXIT
 
 # the tables: side by side, the fault run's timeline
 python3 - "$R" "$KILL_AT" >"$OUT/ray_bench.md" <<'PY'
@@ -197,4 +214,4 @@ for api in ("cohere", "jina", "tei"):
           f"{ms(h['latency_seconds']['p99'])} |")
 PY
 cat "$OUT/ray_bench.md"
-(cd "$OUT" && tar czf reports.tgz reports && rm -r reports && gzip -f ray.log && { [ ! -f serve.log ] || gzip -f serve.log; })
+
