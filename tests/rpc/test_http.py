@@ -326,6 +326,7 @@ BAD_HEADERS = {  # case: (headers, field)
     "X-Request-Id over 128 characters": ({"X-Request-Id": "x" * 129}, "X-Request-Id"),
     "X-Timeout-Ms not a number": ({"X-Timeout-Ms": "soon"}, "X-Timeout-Ms"),
     "X-Timeout-Ms negative": ({"X-Timeout-Ms": "-5"}, "X-Timeout-Ms"),
+    "X-Prefix-Cache neither on nor off": ({"X-Prefix-Cache": "maybe"}, "X-Prefix-Cache"),
 }
 TOO_LARGE = {  # case: (path, body, field)
     "more docs than --max-docs": ("/v2/rerank", {**Q, "documents": ["d"] * 17}, "documents"),
@@ -624,3 +625,37 @@ def test_sigterm_drain_covers_http_calls(scorer_cache, server_logs):
     assert proc.proc.wait(60) == 0, proc.log()
     with pytest.raises(httpx.ConnectError):
         httpx.get(url + "/health")
+
+
+def test_the_prefix_cache_headers_are_the_calls_options(scorer_cache):
+    """X-Prefix-Cache: off neither reads nor writes the cache, X-Cache-Salt keeps calls apart, and
+    a call that reads its prompt from the cache scores as the first did."""
+    engine = build_engine(ensure_tiny_model(scorer_cache), "torch", "cpu", config=LIMITS, prefix_cache_mib=8)
+    server = Live(engine, BatchPolicy(max_wait_s=0.0), DebugKnobs())
+    body = {**Q, "documents": ["a shared prefix is computed once", "bread rises"]}
+
+    def hits_and_lookups() -> tuple[float, float]:
+        return (
+            _sample("scorer_prefix_cache_hit_tokens_total"),
+            _sample("scorer_prefix_cache_lookup_tokens_total"),
+        )
+
+    def scores(reply: httpx.Response) -> list[float]:
+        assert reply.status_code == 200, reply.text
+        return [r["relevance_score"] for r in sorted(reply.json()["results"], key=lambda r: r["index"])]
+
+    try:
+        first = scores(server.post("/v2/rerank", body))
+        hits, lookups = hits_and_lookups()
+        again = scores(server.post("/v2/rerank", body))
+        assert hits_and_lookups()[0] > hits  # the query's prompt came from the cache
+        assert max(abs(a - b) for a, b in zip(first, again, strict=True)) < 1e-4
+        hits, lookups = hits_and_lookups()
+        scores(server.post("/v2/rerank", body, headers={"X-Prefix-Cache": "off"}))
+        assert hits_and_lookups() == (hits, lookups)  # not even looked up
+        scores(server.post("/v2/rerank", body, headers={"X-Cache-Salt": "tenant-b"}))
+        assert hits_and_lookups()[0] == hits  # another salt shares nothing
+        reply = server.post("/v2/rerank", body, headers={"X-Cache-Salt": "s" * 300})
+        assert reply.status_code == 400 and reply.json()["field"] == "X-Cache-Salt", reply.text
+    finally:
+        server.close()

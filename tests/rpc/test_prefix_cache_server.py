@@ -1,0 +1,56 @@
+"""The prefix cache behind a real server: a pool of 1 MiB, calls over six shared contexts arriving
+together, every forward slowed (two batches in flight, the next planned while the last runs):
+every call scores as the engine scores it alone without the cache, blocks are evicted and hit."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from rpc_harness import start_server
+
+from scorer.server.convert import request_from_proto
+from scorer.v1 import scorer_pb2 as pb
+
+CONTEXTS, CALLS, VOCAB = 6, 36, 500
+
+
+@pytest.fixture(scope="module")
+def cached_server(scorer_cache, server_logs):
+    proc = start_server(
+        scorer_cache,
+        server_logs,
+        ["--prefix-cache-mib", "1", "--debug-forward-delay-ms", "40", "--max-wait-ms", "5"],
+    )
+    yield proc
+    assert proc.stop() == 0, proc.log()
+
+
+def test_calls_on_a_tiny_evicting_cache_score_as_alone_without_it(cached_server, engine):
+    assert engine.cache is None  # the reference: the same checkpoint, no cache
+    rng = random.Random(14)
+    contexts = [[rng.randrange(VOCAB) for _ in range(rng.randint(150, 330))] for _ in range(CONTEXTS)]
+    requests = []
+    for i in range(CALLS):
+        prompt = contexts[rng.randrange(CONTEXTS)] + [rng.randrange(VOCAB) for _ in range(rng.randint(0, 20))]
+        docs = [pb.Doc(token_ids=[rng.randrange(VOCAB) for _ in range(rng.randint(1, 24))]) for _ in range(4)]
+        scheme = rng.choice(("ragged", "multi_item", "naive", "cascade", "auto"))
+        requests.append(
+            pb.ScoreDocsRequest(
+                prompt_token_ids=prompt, docs=docs, request_id=f"pc{i}",
+                options=pb.ScoreOptions(scheme=scheme, template="plain", return_label_logprobs=True),
+            )
+        )  # fmt: skip
+    evictions = cached_server.metric("scorer_prefix_cache_evictions_total")
+    stub = cached_server.stub()
+    for start in range(0, CALLS, 12):  # twelve at a time: batches of several calls, two in flight
+        futures = [stub.ScoreDocs.future(r, timeout=120) for r in requests[start : start + 12]]
+        for request, future in zip(requests[start : start + 12], futures, strict=True):
+            reply = future.result()
+            alone = engine.score(request_from_proto(request, request.request_id))
+            for got, want in zip(reply.results, alone.results, strict=True):
+                assert abs(got.score - want.score) < 1e-4, (request.request_id, got.score, want.score)
+    assert cached_server.metric("scorer_prefix_cache_hit_tokens_total") > 0
+    assert cached_server.metric("scorer_prefix_cache_evictions_total") > evictions
+    capacity = cached_server.metric("scorer_prefix_cache_bytes", kind="capacity")
+    assert 0 < cached_server.metric("scorer_prefix_cache_bytes", kind="used") <= capacity <= 2**20
