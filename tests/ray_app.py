@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 import socket
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,7 @@ import grpc
 import httpx
 import pytest
 import ray
+from prometheus_client.parser import text_string_to_metric_families
 from ray import serve
 from ray.serve.generated import serve_pb2, serve_pb2_grpc
 
@@ -21,6 +23,18 @@ from scorer.models.tiny import ensure_tiny_model
 from scorer.ray_serve import RAY_ENV, ScorerArgs, build_app, grpc_options
 
 APP = "scorer"
+
+
+def scrape(url: str, name: str, **labels: str) -> float:
+    """Sum of the samples ``name`` at the /metrics ``url`` whose labels include ``labels``."""
+    with urllib.request.urlopen(url, timeout=10) as r:
+        text = r.read().decode()
+    return sum(
+        s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == name and labels.items() <= s.labels.items()
+    )
 
 
 def free_port() -> int:

@@ -15,17 +15,15 @@ import os
 import re
 import signal
 import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from ray import serve
 from ray.serve.generated import serve_pb2, serve_pb2_grpc
-from ray_app import APP, RayApp, free_port
+from ray_app import APP, RayApp, free_port, scrape
 
 from scorer.ray_serve import ScorerArgs, ScorerDeployment
 from scorer.v1 import scorer_pb2 as pb
@@ -46,14 +44,7 @@ class SlowApp:
         return scorer_pb2_grpc.ScorerStub(self.channel)
 
     def metric(self, name: str, **labels: str) -> float:
-        with urllib.request.urlopen(self.metrics_url, timeout=10) as r:
-            text = r.read().decode()
-        return sum(
-            s.value
-            for f in text_string_to_metric_families(text)
-            for s in f.samples
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
-        )
+        return scrape(self.metrics_url, name, **labels)
 
     def wait_metric(self, name: str, value: float, timeout_s: float = 30.0) -> None:
         give_up = time.monotonic() + timeout_s

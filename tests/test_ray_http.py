@@ -5,15 +5,13 @@ as the engine alone and as Ray's gRPC proxy, errors by field, request ids, healt
 from __future__ import annotations
 
 import math
-import urllib.request
 from dataclasses import dataclass
 
 import cohere
 import grpc
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-from ray_app import RayApp
+from ray_app import RayApp, scrape
 
 from scorer.engine import Engine
 from scorer.request import Doc, ScoreOptions, ScoreRequest
@@ -41,14 +39,7 @@ class RayHttp:
         return httpx.post(self.url + path, json=body, headers=headers, timeout=60)
 
     def metric(self, name: str, **labels: str) -> float:
-        with urllib.request.urlopen(self.metrics_url, timeout=10) as r:
-            text = r.read().decode()
-        return sum(
-            s.value
-            for f in text_string_to_metric_families(text)
-            for s in f.samples
-            if s.name == name and labels.items() <= s.labels.items()
-        )
+        return scrape(self.metrics_url, name, **labels)
 
 
 @pytest.fixture(scope="module")
