@@ -298,9 +298,7 @@ class Settings:
             attention_fallback=self.attention_fallback,
             kernels=self.model_kernels,
             cuda_graph_max_tokens=self.cuda_graph_max_tokens,
-            prefix_cache_mib=self.prefix_cache_mib
-            if self.prefix_cache_mib == "auto"
-            else int(self.prefix_cache_mib),
+            prefix_cache_mib=self.prefix_cache_mib,
         )
 
 

@@ -6,3 +6,14 @@ export PYTHONPATH=".:${PYTHONPATH}"
 export OUT="${OUT:-$PWD/out}"
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.used --format=csv,noheader
+
+random_checkpoint() {  # DIR (a scratch path: it may be removed): the random Qwen3-0.6B-shaped bf16
+  # checkpoint of the benchmarks, kept from an earlier run on a warm machine unless its tokenizer is
+  # not the shipped one
+  cmp -s "$1/tokenizer.json" scorer/models/tokenizer.json || rm -rf "$1"
+  [ -f "$1/model.safetensors" ] || python3 -c "
+from pathlib import Path
+from bench.e2e import QWEN3_06B
+from scorer.models.tiny import write_random_checkpoint
+write_random_checkpoint(Path('$1'), QWEN3_06B, std=0.02)"
+}

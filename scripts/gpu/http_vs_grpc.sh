@@ -32,13 +32,7 @@ else
   rm -rf "$WHEELS" && "$PY" -m pip install -q --no-index --no-deps --target "$WHEELS" .wheels/*.whl
   export PYTHONPATH="$WHEELS:$PYTHONPATH"
   CKPT=/tmp/ckpt/qwen3-0.6b-random
-  # a checkpoint left by an earlier run may carry the byte-level tokenizer of tiny-qwen3-v1
-  cmp -s "$CKPT/tokenizer.json" scorer/models/tokenizer.json || rm -rf "$CKPT"
-  [ -f "$CKPT/model.safetensors" ] || "$PY" -c "
-from pathlib import Path
-from bench.e2e import QWEN3_06B
-from scorer.models.tiny import write_random_checkpoint
-write_random_checkpoint(Path('$CKPT'), QWEN3_06B, std=0.02)"
+  random_checkpoint "$CKPT"
   SERVER=(taskset -c 4-15 "$PY" -m scorer serve --model "$CKPT")
   LOAD=(taskset -c 0-3 "$PY")
 fi

@@ -14,11 +14,7 @@ engine)
   ;;
 served)
   CKPT=/tmp/ckpt/qwen3-0.6b-random
-  [ -f "$CKPT/model.safetensors" ] || python3 -c "
-from pathlib import Path
-from bench.e2e import QWEN3_06B
-from scorer.models.tiny import write_random_checkpoint
-write_random_checkpoint(Path('$CKPT'), QWEN3_06B, std=0.02)"
+  random_checkpoint "$CKPT"
   python3 -m loadtest.gen --out /tmp/drep.jsonl --requests 1000 --docs 32 --prompt-tokens 8000 \
     --doc-tokens fixed:4 --token-ids --prompt-reuse 50 --template plain --seed 3
   for cfg in cache nocache; do

@@ -55,23 +55,8 @@ print(round($2 * cap, 1))"
 }
 
 wait_serving() {  # TARGET PID LOG: until grpc.health.v1 says SERVING (the process must stay alive)
-  python3 - "$1" "$2" <<'PY' || { tail -40 "$3"; exit 1; }
-import os, sys, time, grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-target, pid = sys.argv[1], int(sys.argv[2])
-stub = health_pb2_grpc.HealthStub(grpc.insecure_channel(target))
-t0 = time.time()
-while time.time() - t0 < 300:
-    os.kill(pid, 0)  # raises once the server died
-    try:
-        if stub.Check(health_pb2.HealthCheckRequest(service="scorer.v1.Scorer"), timeout=2).status == 1:
-            print(f"{target} serving after {time.time() - t0:.0f} s", flush=True)
-            raise SystemExit(0)
-    except grpc.RpcError:
-        pass
-    time.sleep(1)
-raise SystemExit(f"{target} not SERVING after 300 s")
-PY
+  python3 scripts/gpu/wait_serving.py "$2" --target "$1" --service scorer.v1.Scorer --seconds 300 \
+    || { tail -40 "$3"; exit 1; }
 }
 
 load() {  # NAME TARGET REQUESTS ARGS...: one load-tool report in $R/NAME

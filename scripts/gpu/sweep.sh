@@ -7,13 +7,7 @@ source scripts/gpu/env.sh
 RATES="${1:-50,100,200,300,400,600}"
 STEP="${2:-5}"
 CKPT=/tmp/ckpt/qwen3-0.6b-random
-# a checkpoint left by an earlier run may carry the byte-level tokenizer of tiny-qwen3-v1
-cmp -s "$CKPT/tokenizer.json" scorer/models/tokenizer.json || rm -rf "$CKPT"
-[ -f "$CKPT/model.safetensors" ] || python3 -c "
-from pathlib import Path
-from bench.e2e import QWEN3_06B
-from scorer.models.tiny import write_random_checkpoint
-write_random_checkpoint(Path('$CKPT'), QWEN3_06B, std=0.02)"
+random_checkpoint "$CKPT"
 python3 -m loadtest.gen --out /tmp/reqs.jsonl --requests 2000 --docs 20 --prompt-tokens 200 \
   --doc-tokens lognormal:60:0.5:256 --token-ids --seed 1
 for cfg in ${3:-serving eager}; do
