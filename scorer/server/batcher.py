@@ -45,6 +45,12 @@ from ..engine import ScoreResult
 from ..request import Job
 
 log = logging.getLogger(__name__)
+DEADLINE_SLACK_S = 0.02
+"""A call cancelled this close to its deadline is counted as its deadline passing: the client's
+deadline starts when it sends and the server's when the call arrives, later by the call's transit
+and queueing (a burst on a loaded 2-core machine: up to ~5 ms), so the client's own deadline
+cancels the call a little before the server's clock says it is due; an event loop's timer may also
+fire a hair early."""
 
 ScoreFn = Callable[[Sequence[Job]], Callable[[], list[ScoreResult]]]
 """Starts a batch and returns the function that waits for its results (``Engine.launch``)."""
@@ -232,8 +238,8 @@ class Batcher:
             self._pending.remove(job)
             job.queued = False
             metrics.QUEUE_DEPTH.set(len(self._pending))
-            # a deadline's timer may fire a hair before it (handler.expired_code's slack)
-            self._count_drop(job, "deadline" if job.expired(time.monotonic() + 1e-3) else "cancelled")
+            expired = job.expired(time.monotonic() + DEADLINE_SLACK_S)
+            self._count_drop(job, "deadline" if expired else "cancelled")
 
     def _count_drop(self, job: _Queued, reason: str) -> None:
         metrics.DROPPED.labels(reason=reason).inc()

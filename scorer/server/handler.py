@@ -31,7 +31,7 @@ from google.protobuf.message import DecodeError
 from .. import metrics
 from ..request import InvalidInput
 from ..v1 import scorer_pb2 as pb
-from .batcher import Closed, Dropped, OutOfMemory, QueueFull
+from .batcher import DEADLINE_SLACK_S, Closed, Dropped, OutOfMemory, QueueFull
 from .calls import Inflight, close_call, open_call
 from .convert import request_from_proto, response_to_proto
 from .scoring import ScoringService
@@ -83,9 +83,9 @@ def earliest(*deadlines: float | None) -> float | None:
 
 
 def expired_code(deadline: float | None) -> grpc.StatusCode:
-    """The code of a call cancelled under the handler: DEADLINE_EXCEEDED once ``deadline`` passed
-    (with a millisecond of clock slack: an event loop's timer may fire that early), else CANCELLED."""
-    expired = deadline is not None and time.monotonic() >= deadline - 1e-3
+    """The code of a call cancelled under the handler: DEADLINE_EXCEEDED once ``deadline`` passed,
+    within ``DEADLINE_SLACK_S`` (the client's deadline runs ahead of the server's), else CANCELLED."""
+    expired = deadline is not None and time.monotonic() >= deadline - DEADLINE_SLACK_S
     return grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
 
 
