@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from itertools import chain
 
@@ -18,7 +18,7 @@ import torch
 
 from . import readout
 from .devices import to_device
-from .planning import AUTO, Plan, Scheme, Shape, get, plan_batch
+from .planning import AUTO, Plan, PlanError, Scheme, Shape, get, plan_batch
 from .planning.cached import on_pool
 from .planning.choose import auto_policy
 from .planning.schemes import DEFAULT_GROUP_SIZE
@@ -29,7 +29,16 @@ from .runner import ModelRunner
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DocScore", "Engine", "EngineConfig", "ScoreResult", "Usage", "logical_tokens"]
+__all__ = [
+    "DocScore",
+    "Engine",
+    "EngineConfig",
+    "EngineInfo",
+    "Tokenizing",
+    "ScoreResult",
+    "Usage",
+    "logical_tokens",
+]
 
 
 @dataclass(frozen=True)
@@ -44,35 +53,39 @@ class EngineConfig:
     max_request_bytes: int = MAX_REQUEST_BYTES
 
 
-class Engine:
-    def __init__(
-        self,
-        runner: ModelRunner,
-        tokenizer,
-        config: EngineConfig | None = None,
-        model_name: str = "",
-        cache: PrefixCache | None = None,
-    ):
-        self.runner = runner
-        self.cache = cache
-        self.model_name = model_name
-        self.tokenizer = tokenizer
-        self.config = config or EngineConfig()
-        mc = runner.model.config
-        self.limits = Limits(
-            max_docs=self.config.max_docs,
-            max_doc_tokens=self.config.max_doc_tokens,
-            max_positions=mc.max_position_embeddings,
-            vocab_size=mc.vocab_size,
-            max_doc_bytes=self.config.max_doc_bytes,
-            max_request_bytes=self.config.max_request_bytes,
-        )
-        policy = auto_policy(self.config.auto_policy, runner.backend.name, runner.device.type)
-        self.auto = lru_cache(maxsize=4096)(policy)
+@dataclass(frozen=True)
+class EngineInfo:
+    """What tokenizing needs of an engine, so that a process without the model (a front end of
+    ``scorer serve --frontends N``) turns a request into the same Job as the engine would."""
 
-    @property
-    def device(self) -> torch.device:
-        return self.runner.device
+    model_name: str
+    model_dir: str  # its tokenizer
+    config: EngineConfig
+    max_positions: int
+    vocab_size: int
+    backend: str  # the attention backend and device type: ``auto``'s policy
+    device_type: str
+
+
+class Tokenizing:
+    """Requests into Jobs: validation, the tokenizer, the limits and ``auto``'s choice."""
+
+    cache: PrefixCache | None = None
+
+    def __init__(self, tokenizer, info: EngineInfo) -> None:
+        self.tokenizer = tokenizer
+        self.info = info
+        self.model_name = info.model_name
+        self.config = c = info.config
+        self.limits = Limits(
+            max_docs=c.max_docs,
+            max_doc_tokens=c.max_doc_tokens,
+            max_positions=info.max_positions,
+            vocab_size=info.vocab_size,
+            max_doc_bytes=c.max_doc_bytes,
+            max_request_bytes=c.max_request_bytes,
+        )
+        self.auto = lru_cache(maxsize=4096)(auto_policy(c.auto_policy, info.backend, info.device_type))
 
     def tokenize(self, req: ScoreRequest, cancelled: Callable[[], bool] | None = None) -> Job:
         """``req`` as a Job (see request.tokenize); ``cancelled`` stops it between docs."""
@@ -105,6 +118,51 @@ class Engine:
                 return get(name), group
         scheme = get(name)
         return scheme, (options.group_size or self.config.group_size) if scheme.grouped else 0
+
+
+class Engine(Tokenizing):
+    def __init__(
+        self,
+        runner: ModelRunner,
+        tokenizer,
+        config: EngineConfig | None = None,
+        model_name: str = "",
+        cache: PrefixCache | None = None,
+        model_dir: str = "",
+    ):
+        mc = runner.model.config
+        info = EngineInfo(
+            model_name,
+            model_dir,
+            config or EngineConfig(),
+            mc.max_position_embeddings,
+            mc.vocab_size,
+            runner.backend.name,
+            runner.device.type,
+        )
+        super().__init__(tokenizer, info)
+        self.runner = runner
+        self.cache = cache
+
+    @property
+    def device(self) -> torch.device:
+        return self.runner.device
+
+    def peeked(self, job: Job) -> Job:
+        """``job``, tokenized where the prefix cache is not (a front-end process), with what the
+        cache holds of its prompt now: ``auto`` decides on the uncached shape, as it would here."""
+        cached, hint = self.peek(job.prefix_ids, job.options)
+        if not cached:
+            return job
+        shape = replace(job.shape, cached=cached)
+        scheme, group = self.resolve(shape, job.options)
+        try:
+            scheme.check(shape, self.config.max_tokens_per_pass, self.config.max_custom_mask_tokens)
+        except PlanError:
+            return job
+        return replace(
+            job, shape=shape, scheme=scheme, group_size=group, tokens=scheme.rows(shape), cache_hint=hint
+        )
 
     def plan(self, jobs: Sequence[Job], cached: Sequence[int] = ()) -> Plan:
         """One checked plan for the batch (see ``planning.plan_batch``); ``cached``: the prompt

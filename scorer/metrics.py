@@ -16,7 +16,9 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    Metric,
     ProcessCollector,
+    multiprocess,
     start_http_server,
 )
 
@@ -124,6 +126,7 @@ PREFIX_CACHE_BYTES = Gauge(
     "The prefix cache's K/V pool: bytes holding cached prompt blocks (used) and its size (capacity).",
     ["kind"],
     registry=REGISTRY,
+    multiprocess_mode="livemax",
 )
 BATCH_REQUESTS = Histogram(
     "scorer_batch_requests",
@@ -141,16 +144,19 @@ QUEUE_DEPTH = Gauge(
     "scorer_queue_depth",
     "Calls waiting for a forward batch.",
     registry=REGISTRY,
+    multiprocess_mode="livemax",
 )
 INFLIGHT = Gauge(
     "scorer_inflight_requests",
     "ScoreDocs calls accepted and not yet answered.",
     registry=REGISTRY,
+    multiprocess_mode="livesum",
 )
 READY = Gauge(
     "scorer_ready",
     "1 while the server reports SERVING, else 0.",
     registry=REGISTRY,
+    multiprocess_mode="livemax",
 )
 MODEL_INFO = Gauge(
     "scorer_model_info",
@@ -158,6 +164,7 @@ MODEL_INFO = Gauge(
     " asked for (they differ after --attention-fallback torch), device and dtype.",
     ["model", "attention_backend", "attention_requested", "device", "dtype"],
     registry=REGISTRY,
+    multiprocess_mode="livemax",
 )
 
 
@@ -174,7 +181,40 @@ def observe_usage(scheme: str, docs: int, tokens_computed: int, tokens_saved: in
     TOKENS_SAVED.labels(scheme=scheme).inc(tokens_saved)
 
 
-def serve_http(port: int, host: str) -> WSGIServer:
-    """Expose ``/metrics`` on a background thread; ``shutdown()`` the returned server to stop."""
-    server, _ = start_http_server(port, addr=host, registry=REGISTRY)
+def serve_http(port: int, host: str, multiprocess_dir: str | None = None) -> WSGIServer:
+    """Expose ``/metrics`` on a background thread; ``shutdown()`` the returned server to stop.
+    ``multiprocess_dir``: other processes (``scorer serve --frontends``) write their metrics
+    there (prometheus-client's multiprocess mode); they are served with this process's as one set."""
+    registry = REGISTRY
+    if multiprocess_dir is not None:
+        registry = CollectorRegistry()
+        registry.register(_Merged(REGISTRY, multiprocess.MultiProcessCollector(None, multiprocess_dir)))
+    server, _ = start_http_server(port, addr=host, registry=registry)
     return server
+
+
+class _Merged:
+    """The families of several collectors as one: the samples of one name and labels summed (a
+    counter that this process and the front ends both count is one series)."""
+
+    def __init__(self, *collectors) -> None:
+        self.collectors = collectors
+
+    def collect(self) -> list[Metric]:
+        families: dict[str, Metric] = {}
+        values: dict[str, dict[tuple, float]] = {}
+        for collector in self.collectors:
+            for family in collector.collect():
+                into = families.setdefault(
+                    family.name, Metric(family.name, family.documentation, family.type, family.unit)
+                )
+                sums = values.setdefault(family.name, {})
+                for s in family.samples:
+                    key = (s.name, tuple(sorted(s.labels.items())))
+                    sums[key] = sums.get(key, 0.0) + s.value
+                if not into.documentation:
+                    into.documentation = family.documentation
+        for name, family in families.items():
+            for (sample, labels), value in values[name].items():
+                family.add_sample(sample, dict(labels), value)
+        return list(families.values())

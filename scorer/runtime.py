@@ -64,4 +64,4 @@ def build_engine(
     cache = PrefixCache.for_model(mib, mc, dtype, dev)
     if cache is not None:
         log.info("prefix cache: %d MiB, %d tokens", mib, cache.capacity)
-    return Engine(runner, tokenizer, config, model_name=path.name, cache=cache)
+    return Engine(runner, tokenizer, config, model_name=path.name, cache=cache, model_dir=str(path))

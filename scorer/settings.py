@@ -88,6 +88,15 @@ def _mib(v):
         return "is not a number of MiB or auto"
 
 
+def _count_or_auto(v):
+    if v == "auto":
+        return None
+    try:
+        return None if 0 <= int(v) <= 64 else "is not 0-64"
+    except ValueError:
+        return "is not a number or auto"
+
+
 def _file(v):
     return None if Path(v).is_file() else "is not a file"
 
@@ -195,6 +204,15 @@ class Settings:
         "HTTP rerank port: Cohere /v2/rerank, Jina /v1/rerank, TEI /rerank, /health, /info; 0: off",
         scopes=(SERVE,),
         check=_port,
+    )
+    frontends: str = setting(
+        "auto",
+        "front-end processes (gRPC and HTTP on the same ports, parsing and tokenizing) feeding this"
+        " process's engine; 0: all in one process; auto: 0 on the CPU, else one per two cores beyond"
+        " two, at most 4",
+        scopes=(SERVE,),
+        metavar="N|auto",
+        check=_count_or_auto,
     )
     api_key: str | None = setting(
         None, "HTTP: require Authorization: Bearer KEY (default: no key asked)", metavar="KEY"

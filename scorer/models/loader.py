@@ -53,8 +53,11 @@ def load_model(
     model.eval().requires_grad_(False)
     model.finalize()
 
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-    return model, tokenizer
+    return model, load_tokenizer(model_dir)
+
+
+def load_tokenizer(model_dir: str | Path):
+    return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
 
 
 def _read_shards(

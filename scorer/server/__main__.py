@@ -6,6 +6,7 @@ import sys
 from ..settings import SERVE, add_arguments
 from .app import run
 
-parser = argparse.ArgumentParser(prog="python -m scorer.server", description=__doc__)
-add_arguments(parser, SERVE)
-sys.exit(run(parser.parse_args()))
+if __name__ == "__main__":  # not when multiprocessing's spawn imports it (a front-end process)
+    parser = argparse.ArgumentParser(prog="python -m scorer.server", description=__doc__)
+    add_arguments(parser, SERVE)
+    sys.exit(run(parser.parse_args()))

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -29,6 +30,7 @@ from ..engine import Engine
 from ..settings import SERVE, Settings, from_args
 from ..v1 import scorer_pb2
 from .calls import Inflight, RequestIdFilter
+from .frontends import frontend_count, serve_split
 from .handler import CallHandler
 from .scoring import ScoringService, ready_engine
 from .servicer import ScorerServicer
@@ -67,10 +69,11 @@ class CannotListen(Exception):
     """A port is taken (or not ours to bind)."""
 
 
-def configure_logging(level: str) -> None:
+def configure_logging(level: str, prefix: str = "") -> None:
+    """``prefix``: what starts each line (a front-end process's name)."""
     handler = logging.StreamHandler()
     handler.addFilter(RequestIdFilter())
-    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    handler.setFormatter(logging.Formatter(prefix + LOG_FORMAT))
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
 
 
@@ -91,6 +94,9 @@ class _Signals:
 
 async def serve(args: Settings) -> int:
     signals = _Signals()
+    frontends = frontend_count(args.frontends, args.device)
+    if frontends:
+        return await serve_split(args, signals, frontends)
     handler = CallHandler(max_message_bytes=args.max_message_bytes)
     inflight = handler.inflight
     health = health_aio.HealthServicer()
@@ -116,7 +122,9 @@ async def serve(args: Settings) -> int:
     service: ScoringService | None = None
     http = None
     try:
-        http = await _start_http(args, handler, signals)
+        http = await _start_http(
+            args, handler, lambda: handler.service is not None and not signals.stop.is_set()
+        )
         engine = await _load_or_stop(args, signals)
         if engine is not None:
             service = ScoringService(engine, args.batch_policy(), args.knobs())
@@ -126,7 +134,9 @@ async def serve(args: Settings) -> int:
             metrics.READY.set(1)
             log.info("SERVING %s", engine.model_name)
             await signals.stop.wait()
-        await _shut_down(args, server, http, health, inflight, signals)
+        await health.enter_graceful_shutdown()
+        await _drain(args, signals)
+        await _stop_accepting(server, http, inflight, args.grace_seconds)
     finally:
         await server.stop(0)
         if http is not None:
@@ -140,15 +150,16 @@ async def serve(args: Settings) -> int:
 
 
 def grpc_server(
-    args: Settings, servicer: ScorerServicer, health: health_aio.HealthServicer
+    args: Settings, servicer: ScorerServicer, health: health_aio.HealthServicer, reuse_port: bool = False
 ) -> tuple[grpc.aio.Server, int]:
-    """The server with its services registered and its port bound; returns it and the port."""
+    """The server with its services registered and its port bound; returns it and the port.
+    ``reuse_port``: beside other processes' servers on the same port (front-end processes)."""
     server = grpc.aio.server(
         options=[
             # twice the limit: a request up to that is refused by the handler, answered and counted
             ("grpc.max_receive_message_length", 2 * args.max_message_bytes),
             ("grpc.max_send_message_length", args.max_message_bytes),
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", int(reuse_port)),
         ],
     )
     server.add_generic_rpc_handlers((scorer_handlers(servicer),))
@@ -170,26 +181,32 @@ def scorer_handlers(servicer: ScorerServicer) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler(SCORER_SERVICE, {"ScoreDocs": score})
 
 
-async def _start_http(args: Settings, handler: CallHandler, signals: _Signals):
+async def _start_http(
+    args: Settings,
+    handler: CallHandler,
+    serving: Callable[[], bool],
+    reuse_port: bool = False,
+    quiet: bool = False,
+):
     """The HTTP rerank routes on ``--http-port``, or None (then nothing of the HTTP stack is imported);
-    /health is 200 from the model's load to the first signal, as gRPC's health is SERVING."""
+    /health is 200 while ``serving()``, as gRPC's health is SERVING."""
     if not args.http_port:
         return None
     from .http import start_http
 
-    def serving() -> bool:
-        return handler.service is not None and not signals.stop.is_set()
-
     try:
-        http = await start_http(handler, serving, args.host, args.http_port, args.api_key)
+        http = await start_http(
+            handler, serving, args.host, args.http_port, args.api_key, reuse_port=reuse_port
+        )
     except OSError as e:
         raise CannotListen(f"HTTP port {args.host}:{args.http_port}: {e.strerror}") from None
-    log.info(
-        "HTTP rerank on http://%s:%d (Cohere /v2/rerank, Jina /v1/rerank, TEI /rerank)%s",
-        args.host,
-        http.port,
-        "; API key required" if args.api_key else "",
-    )
+    if not quiet:
+        log.info(
+            "HTTP rerank on http://%s:%d (Cohere /v2/rerank, Jina /v1/rerank, TEI /rerank)%s",
+            args.host,
+            http.port,
+            "; API key required" if args.api_key else "",
+        )
     return http
 
 
@@ -205,27 +222,25 @@ async def _load_or_stop(args: Settings, signals: _Signals) -> Engine | None:
     return None
 
 
-async def _shut_down(
-    args: Settings,
-    server: grpc.aio.Server,
-    http,
-    health: health_aio.HealthServicer,
-    inflight: Inflight,
-    signals: _Signals,
-) -> None:
-    await health.enter_graceful_shutdown()
+async def _drain(args: Settings, signals: _Signals) -> None:
+    """Health says NOT_SERVING already: calls are still served for ``--drain-seconds`` (a second
+    signal cuts it short), so that load balancers move away first."""
     metrics.READY.set(0)
     log.info("NOT_SERVING; still serving new calls for %.1f s", args.drain_seconds)
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(signals.hurry.wait(), args.drain_seconds)
+
+
+async def _stop_accepting(server: grpc.aio.Server, http, inflight: Inflight, grace_s: float) -> None:
+    """New calls refused; the calls in flight finish within ``grace_s``, then are cancelled."""
     log.info("refusing new calls; %d in flight", inflight.count)
-    stopping = asyncio.ensure_future(server.stop(args.grace_seconds))
+    stopping = asyncio.ensure_future(server.stop(grace_s))
     if http is not None:  # stops listening; its calls in flight are in ``inflight`` too
-        stopping_http = asyncio.ensure_future(http.stop(args.grace_seconds))
+        stopping_http = asyncio.ensure_future(http.stop(grace_s))
     try:
-        await asyncio.wait_for(_settled(inflight), args.grace_seconds)
+        await asyncio.wait_for(_settled(inflight), grace_s)
     except TimeoutError:
-        log.warning("calls still in flight after %.1f s; cancelling them", args.grace_seconds)
+        log.warning("calls still in flight after %.1f s; cancelling them", grace_s)
     await server.stop(0)  # ends what is left: health watches, or calls past the grace period
     await stopping
     if http is not None:

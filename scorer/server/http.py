@@ -451,11 +451,13 @@ async def start_http(
     port: int,
     api_key: str | None = None,
     default_timeout_s: float | None = None,
+    reuse_port: bool = False,
 ) -> HttpServer:
     """Serve the rerank routes on ``host:port`` (0: a free port, see ``.port``) on this event loop;
-    raises OSError when the port cannot be bound."""
+    raises OSError when the port cannot be bound. ``reuse_port``: beside other processes' servers on
+    the same port (front-end processes)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.create_server((host, port), family=family)
+    sock = socket.create_server((host, port), family=family, reuse_port=reuse_port)
     config = uvicorn.Config(
         build_app(handler, serving, api_key, default_timeout_s),
         log_config=None,

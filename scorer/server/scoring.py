@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from .. import metrics
-from ..engine import Engine, ScoreResult
+from ..engine import Engine, ScoreResult, Tokenizing
 from ..planning import REGISTRY
 from ..request import Doc, Job, ScoreOptions, ScoreRequest
 from .batcher import Batcher, BatchPolicy, Scored, ScoreFn
@@ -24,25 +24,18 @@ log = logging.getLogger(__name__)
 TOKENIZER_THREADS = min(4, os.cpu_count() or 1)
 
 
-class ScoringService:
-    def __init__(self, engine: Engine, policy: BatchPolicy, knobs: DebugKnobs | None = None) -> None:
+class TokenizingService:
+    """Tokenizing off the event loop, on a few threads; ``score`` is the subclass's."""
+
+    def __init__(self, engine: Tokenizing, knobs: DebugKnobs | None = None) -> None:
         self.engine = engine
         self._tokenize = engine.tokenize
         if knobs is not None and knobs.tokenize_delay_s:
             self._tokenize = with_tokenize_delay(engine.tokenize, knobs.tokenize_delay_s)
-        score: ScoreFn = self._score_counting_passes
-        if knobs is not None and knobs.active:
-            log.warning("test knobs active: %s", knobs)
-            score = with_faults(score, knobs)
-        self.batcher = Batcher(score, policy)
         # several threads (the tokenizer releases the GIL): one call's large docs do not hold the others
         self._tokenizers = ThreadPoolExecutor(max_workers=TOKENIZER_THREADS, thread_name_prefix="tokenize")
 
-    def start(self) -> None:
-        self.batcher.start()
-
     async def close(self) -> None:
-        await self.batcher.close()
         self._tokenizers.shutdown(wait=True)
 
     async def tokenize(self, req: ScoreRequest) -> tuple[Job, float]:
@@ -62,6 +55,30 @@ class ScoringService:
         seconds = time.monotonic() - started
         metrics.STAGE_DURATION.labels(stage="tokenize").observe(seconds)
         return job, seconds
+
+    async def score(self, job: Job, deadline: float | None, request_id: str) -> Scored:
+        raise NotImplementedError
+
+
+class ScoringService(TokenizingService):
+    """Tokenize, batch and score in this process: the engine's own."""
+
+    engine: Engine
+
+    def __init__(self, engine: Engine, policy: BatchPolicy, knobs: DebugKnobs | None = None) -> None:
+        super().__init__(engine, knobs)
+        score: ScoreFn = self._score_counting_passes
+        if knobs is not None and knobs.active:
+            log.warning("test knobs active: %s", knobs)
+            score = with_faults(score, knobs)
+        self.batcher = Batcher(score, policy)
+
+    def start(self) -> None:
+        self.batcher.start()
+
+    async def close(self) -> None:
+        await self.batcher.close()
+        await super().close()
 
     async def score(self, job: Job, deadline: float | None, request_id: str) -> Scored:
         scored = await self.batcher.submit(job, deadline, request_id)

@@ -17,3 +17,9 @@ from bench.e2e import QWEN3_06B
 from scorer.models.tiny import write_random_checkpoint
 write_random_checkpoint(Path('$1'), QWEN3_06B, std=0.02)"
 }
+
+use_wheels() {  # the wheels of .wheels/ (scripts/gpu/wheels.sh; carry .wheels) installed under /tmp, first on the path
+  ls .wheels/*.whl >/dev/null || { echo "no .wheels/: run bash scripts/gpu/wheels.sh and carry .wheels" >&2; exit 1; }
+  rm -rf /tmp/wheels && python3 -m pip install -q --no-index --no-deps --target /tmp/wheels .wheels/*.whl
+  export PYTHONPATH="/tmp/wheels:$PYTHONPATH" PATH="/tmp/wheels/bin:$PATH"
+}

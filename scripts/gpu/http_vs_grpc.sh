@@ -27,10 +27,7 @@ if [ "${LOCAL_CPU:-}" = 1 ]; then
 else
   source scripts/gpu/env.sh
   PY=python3
-  WHEELS=/tmp/http-wheels
-  ls .wheels/*.whl >/dev/null || { echo "no .wheels/: run bash scripts/gpu/wheels.sh and carry .wheels" >&2; exit 1; }
-  rm -rf "$WHEELS" && "$PY" -m pip install -q --no-index --no-deps --target "$WHEELS" .wheels/*.whl
-  export PYTHONPATH="$WHEELS:$PYTHONPATH"
+  use_wheels
   CKPT=/tmp/ckpt/qwen3-0.6b-random
   random_checkpoint "$CKPT"
   SERVER=(taskset -c 4-15 "$PY" -m scorer serve --model "$CKPT")

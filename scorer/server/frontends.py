@@ -1,0 +1,471 @@
+"""``scorer serve --frontends N``: the front ends in N processes of their own, the engine in this one.
+
+Every front-end process listens on the gRPC port (and the HTTP port) beside the others
+(SO_REUSEPORT: the kernel spreads the connections over them); it parses, validates and tokenizes
+its calls, sends each call's Job to the engine process over ZeroMQ and answers the call when the
+Job's result comes back. The engine process batches the Jobs of every front end together, runs
+them and sends each one's ``Scored`` back. So parsing, tokenizing and answering run on other
+cores than the thread that plans and launches batches, and scale with N (SGLang's
+TokenizerManager and Scheduler, vLLM's API server and EngineCore, split the same way).
+
+The engine process drives the lifecycle. Front ends start with health NOT_SERVING and calls
+answered UNAVAILABLE; once the model is warm each one takes the engine's ``EngineInfo`` and
+tokenizes as the engine would, and when all have it, health turns SERVING everywhere. On SIGTERM
+health turns NOT_SERVING, calls are still served for ``--drain-seconds``, then the front ends stop
+taking calls, finish theirs (up to ``--grace-seconds``) and exit, and the engine process exits
+last. A front end that dies is started again; its calls in flight fail with UNAVAILABLE on the
+client's side (the connection drops). A call's deadline travels with its Job (``time.monotonic``
+is one clock for every process of a host), and a call cancelled in its front end (deadline,
+client gone) is cancelled in the engine process too: a queued one leaves the queue unscored.
+
+Metrics: the front ends write theirs into prometheus-client's multiprocess directory; the engine
+process's /metrics serves them and its own as one set (``metrics.serve_http``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import multiprocessing
+import os
+import pickle
+import shutil
+import signal
+import socket
+import tempfile
+import time
+from dataclasses import replace
+
+import zmq
+import zmq.asyncio
+from grpc_health.v1.health import aio as health_aio
+
+from .. import metrics
+from ..engine import Engine, EngineInfo, Tokenizing
+from ..models.loader import load_tokenizer
+from ..request import Job
+from ..settings import Settings
+from .batcher import Scored
+from .handler import CallHandler
+from .scoring import ScoringService, TokenizingService
+
+log = logging.getLogger(__name__)
+PICKLE = pickle.HIGHEST_PROTOCOL
+START_TIMEOUT_S = 120.0
+"""How long front-end processes may take to start and bind their ports."""
+PARENT_POLL_S = 1.0
+
+
+def frontend_count(value: str, device: str | None) -> int:
+    """``--frontends``: a number, or ``auto``: none on the CPU (the model, not the host, is the
+    limit there), else one per two cores beyond two, at most four."""
+    if value != "auto":
+        return int(value)
+    import torch
+
+    on_gpu = (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
+    return max(0, min(4, (len(os.sched_getaffinity(0)) - 2) // 2)) if on_gpu else 0
+
+
+# -- the engine process's side ------------------------------------------------------------------
+
+
+class EngineLink:
+    """The engine process's end: a ZeroMQ ROUTER the front ends connect to. Jobs that arrive are
+    scored through ``service`` and their results (or exceptions) sent back."""
+
+    def __init__(self, address: str, frontends: int) -> None:
+        self.ctx = zmq.asyncio.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted front end takes its identity back
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind(address)
+        self.identities = [frontend_identity(i) for i in range(frontends)]
+        self.up: dict[bytes, asyncio.Future[str | None]] = {}
+        self.ready: set[bytes] = set()
+        self.all_ready = asyncio.Event()
+        self.service: ScoringService | None = None
+        self.info: EngineInfo | None = None
+        self.state = "loading"  # then "serving", "draining", "stop"
+        self.grace_s = 0.0
+        self._calls: dict[tuple[bytes, int], asyncio.Task] = {}
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.up = {ident: loop.create_future() for ident in self.identities}
+        self._task = asyncio.create_task(self._receive())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for task in list(self._calls.values()):
+            task.cancel()
+        self.sock.close()
+        self.ctx.term()
+
+    def serve(self, service: ScoringService) -> None:
+        """The model is warm: every front end gets its EngineInfo (and acknowledges it)."""
+        self.service, self.info = service, service.engine.info
+        for ident in self.identities:
+            self._send(ident, b"ready", self.info)
+
+    def set_state(self, state: str, grace_s: float = 0.0) -> None:
+        """``serving``, ``draining`` or ``stop`` (finish the calls in flight within ``grace_s``)."""
+        self.state, self.grace_s = state, grace_s
+        for ident in self.identities:
+            self._send(ident, b"state", (state, grace_s))
+
+    def restarted(self, ident: bytes) -> None:
+        self.ready.discard(ident)
+        self.up[ident] = asyncio.get_running_loop().create_future()
+
+    def _send(self, ident: bytes, kind: bytes, value) -> None:
+        self.sock.send_multipart([ident, kind, pickle.dumps(value, PICKLE)], flags=zmq.NOBLOCK)
+
+    async def _receive(self) -> None:
+        while True:
+            ident, kind, payload = await self.sock.recv_multipart()
+            try:
+                self._on(ident, kind, payload)
+            except Exception:
+                log.exception("bad message %r from front end %r", kind, ident)
+
+    def _on(self, ident: bytes, kind: bytes, payload: bytes) -> None:
+        if kind == b"score":
+            call_id, job, deadline, request_id = pickle.loads(payload)
+            task = asyncio.create_task(self._score(ident, call_id, job, deadline, request_id))
+            self._calls[ident, call_id] = task
+            task.add_done_callback(lambda _: self._calls.pop((ident, call_id), None))
+        elif kind == b"cancel":
+            task = self._calls.get((ident, int.from_bytes(payload)))
+            if task is not None:
+                task.cancel()
+        elif kind == b"up":  # the front end listens (None) or could not (why)
+            future = self.up.get(ident)
+            if future is not None and not future.done():
+                future.set_result(pickle.loads(payload))
+            if self.info is not None:  # a restarted one: the engine is loaded already
+                self._send(ident, b"ready", self.info)
+        elif kind == b"ready":  # it tokenizes as the engine does now
+            self.ready.add(ident)
+            if self.ready.issuperset(self.identities):
+                self.all_ready.set()
+            if self.state != "loading":
+                self._send(ident, b"state", (self.state, self.grace_s))
+
+    async def _score(self, ident: bytes, call_id: int, job: Job, deadline, request_id: str) -> None:
+        service = self.service
+        try:
+            if service is None:
+                raise RuntimeError("a call reached the engine before it was ready")
+            engine: Engine = service.engine
+            scored = await service.score(engine.peeked(job) if engine.cache else job, deadline, request_id)
+            reply = (call_id, True, scored)
+        except asyncio.CancelledError:
+            return  # its front end cancelled it and waits for nothing
+        except Exception as exc:
+            reply = (call_id, False, _portable(exc))
+        self._send(ident, b"done", reply)
+
+
+def _portable(exc: Exception) -> Exception:
+    """``exc`` if it survives pickling, else a RuntimeError saying what it was."""
+    try:
+        pickle.loads(pickle.dumps(exc, PICKLE))
+        return exc
+    except Exception:
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+
+
+def frontend_identity(index: int) -> bytes:
+    return f"frontend-{index}".encode()
+
+
+class Frontends:
+    """The front-end processes: started, watched (one that dies is started again), stopped."""
+
+    def __init__(self, settings: Settings, address: str, link: EngineLink, n: int) -> None:
+        self.settings, self.address, self.link = settings, address, link
+        self.ctx = multiprocessing.get_context("spawn")
+        self.procs = [self._spawn(i) for i in range(n)]
+        self.stopping = False
+        self._watch = asyncio.create_task(self._watch_loop())
+
+    def _spawn(self, index: int) -> multiprocessing.Process:
+        proc = self.ctx.Process(
+            target=frontend_main,
+            args=(self.settings, self.address, index, os.getpid()),
+            name=f"frontend-{index}",
+            daemon=True,
+        )
+        proc.start()
+        return proc
+
+    async def wait_up(self) -> None:
+        """Until every front end listens; CannotListen naming the first that could not."""
+        from .app import CannotListen
+
+        try:
+            async with asyncio.timeout(START_TIMEOUT_S):
+                for future in self.link.up.values():
+                    if (why := await asyncio.shield(future)) is not None:
+                        raise CannotListen(why)
+        except TimeoutError:
+            raise RuntimeError(f"front ends not listening after {START_TIMEOUT_S:.0f} s") from None
+
+    async def _watch_loop(self) -> None:
+        while True:
+            await asyncio.sleep(0.2)
+            for i, proc in enumerate(self.procs):
+                if proc.is_alive() or self.stopping:
+                    continue
+                log.error(
+                    "front end %d (pid %d) exited with %s; starting it again", i, proc.pid, proc.exitcode
+                )
+                _mark_dead(proc.pid)
+                self.link.restarted(frontend_identity(i))
+                self.procs[i] = self._spawn(i)
+
+    async def stop(self, grace_s: float) -> None:
+        """The front ends finish their calls (they were told to stop) and exit; killed past the grace."""
+        self.stopping = True
+        self._watch.cancel()
+        deadline = time.monotonic() + grace_s + 5.0
+        while any(p.is_alive() for p in self.procs) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        for proc in self.procs:
+            if proc.is_alive():
+                log.warning("front end pid %d still running; killing it", proc.pid)
+                proc.kill()
+            proc.join()
+
+
+def _mark_dead(pid: int | None) -> None:
+    if pid is not None and os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(pid)
+
+
+def reserve_port(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` with SO_REUSEPORT and not listening: the front ends bind the
+    same port beside it (0: the free port it got). Raises OSError when another process holds it."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+async def serve_split(args: Settings, signals, n: int) -> int:
+    """``scorer serve`` with ``n`` front-end processes (see the module's doc)."""
+    from .app import CannotListen, _drain, _load_or_stop
+
+    mp_dir = tempfile.mkdtemp(prefix="scorer-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = mp_dir  # the front ends', spawned after this
+    reserved: list[socket.socket] = []
+    metrics_http = link = fronts = service = None
+    try:
+        try:
+            metrics_http = (
+                metrics.serve_http(args.metrics_port, args.host, mp_dir) if args.metrics_port else None
+            )
+        except OSError as e:
+            raise CannotListen(f"metrics port {args.host}:{args.metrics_port}: {e.strerror}") from None
+        ports = {}
+        for name in ("port", "http_port") if args.http_port else ("port",):
+            try:
+                reserved.append(reserve_port(args.host, getattr(args, name)))
+            except OSError as e:
+                raise CannotListen(
+                    f"{name.replace('_', ' ')} {args.host}:{getattr(args, name)}: {e.strerror}"
+                ) from None
+            ports[name] = reserved[-1].getsockname()[1]
+        args = replace(args, **ports)
+        address = f"ipc://{mp_dir}/engine"
+        link = EngineLink(address, n)
+        link.start()
+        fronts = Frontends(args, address, link, n)
+        await fronts.wait_up()
+        for sock in reserved:
+            sock.close()
+        log.info(
+            "listening on %s:%d (%s) in %d front-end processes%s; metrics on port %s",
+            args.host,
+            args.port,
+            "TLS" if args.tls_cert else "plaintext",
+            n,
+            f", HTTP rerank on port {args.http_port}" if args.http_port else "",
+            args.metrics_port or "off",
+        )
+        engine = await _load_or_stop(args, signals)
+        if engine is not None:
+            service = ScoringService(engine, args.batch_policy(), args.knobs())
+            service.start()
+            link.serve(service)
+            await link.all_ready.wait()
+            link.set_state("serving")
+            metrics.READY.set(1)
+            log.info("SERVING %s", engine.model_name)
+            await signals.stop.wait()
+        link.set_state("draining")
+        await _drain(args, signals)
+        link.set_state("stop", args.grace_seconds)
+        await fronts.stop(args.grace_seconds)
+    finally:
+        for sock in reserved:
+            sock.close()
+        if fronts is not None:
+            await fronts.stop(0)
+        if service is not None:
+            await service.close()
+        if link is not None:
+            await link.close()
+        if metrics_http is not None:
+            metrics_http.shutdown()
+        shutil.rmtree(mp_dir, ignore_errors=True)
+    log.info("stopped")
+    return 0
+
+
+# -- a front-end process ------------------------------------------------------------------------
+
+
+class FrontLink:
+    """A front end's end: a ZeroMQ DEALER to the engine process, one outstanding future per call."""
+
+    def __init__(self, address: str, index: int) -> None:
+        self.ctx = zmq.asyncio.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.IDENTITY, frontend_identity(index))
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(address)
+        self.states: asyncio.Queue[tuple[str, object]] = asyncio.Queue()
+        self._calls: dict[int, asyncio.Future] = {}
+        self._ids = itertools.count()
+        self._task = asyncio.create_task(self._receive())
+
+    def send(self, kind: bytes, value) -> None:
+        self.sock.send_multipart([kind, pickle.dumps(value, PICKLE)], flags=zmq.NOBLOCK)
+
+    async def score(self, job: Job, deadline: float | None, request_id: str) -> Scored:
+        call_id = next(self._ids)
+        future = self._calls[call_id] = asyncio.get_running_loop().create_future()
+        try:
+            self.send(b"score", (call_id, job, deadline, request_id))
+            return await future
+        except asyncio.CancelledError:
+            self.sock.send_multipart([b"cancel", call_id.to_bytes(8)], flags=zmq.NOBLOCK)
+            raise
+        finally:
+            self._calls.pop(call_id, None)
+
+    async def _receive(self) -> None:
+        while True:
+            kind, payload = await self.sock.recv_multipart()
+            value = pickle.loads(payload)
+            if kind == b"done":
+                call_id, ok, result = value
+                future = self._calls.get(call_id)
+                if future is not None and not future.done():
+                    (future.set_result if ok else future.set_exception)(result)
+            else:
+                self.states.put_nowait((kind.decode(), value))
+
+    async def close(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        self.sock.close()
+        self.ctx.term()
+
+
+class RemoteScoring(TokenizingService):
+    """Tokenize here, score in the engine process."""
+
+    def __init__(self, engine: Tokenizing, link: FrontLink, knobs=None) -> None:
+        super().__init__(engine, knobs)
+        self.link = link
+
+    async def score(self, job: Job, deadline: float | None, request_id: str) -> Scored:
+        return await self.link.score(job, deadline, request_id)
+
+
+def frontend_main(settings: Settings, address: str, index: int, parent: int) -> None:
+    """A front-end process (``multiprocessing``'s target): the engine process's signals drive it."""
+    from .app import configure_logging
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the engine decides
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    configure_logging(settings.log_level, f"frontend-{index} ")
+    asyncio.run(_frontend(settings, address, index, parent))
+
+
+async def _frontend(args: Settings, address: str, index: int, parent: int) -> None:
+    from .app import SERVING, _set_health, _start_http, _stop_accepting, grpc_server
+    from .servicer import ScorerServicer
+
+    link = FrontLink(address, index)
+    handler = CallHandler(max_message_bytes=args.max_message_bytes)
+    health = health_aio.HealthServicer()
+    serving = asyncio.Event()
+    server = http = None
+    try:
+        try:
+            server, _ = grpc_server(args, ScorerServicer(handler), health, reuse_port=True)
+            await server.start()
+            http = await _start_http(args, handler, serving.is_set, reuse_port=True, quiet=True)
+        except Exception as e:
+            link.send(b"up", f"gRPC port {args.host}:{args.port}: {e}" if server is None else str(e))
+            await asyncio.sleep(0.1)  # let the message leave
+            return
+        link.send(b"up", None)
+        orphaned = asyncio.create_task(_parent_gone(parent))
+        grace_s = 0.0
+        while True:
+            states = asyncio.ensure_future(link.states.get())
+            await asyncio.wait({states, orphaned}, return_when=asyncio.FIRST_COMPLETED)
+            if orphaned.done():
+                states.cancel()
+                log.error("the engine process is gone; stopping")
+                break
+            kind, value = states.result()
+            if kind == "ready":
+                service = RemoteScoring(
+                    Tokenizing(load_tokenizer(value.model_dir), value), link, args.knobs()
+                )
+                handler.service = service
+                link.send(b"ready", None)
+            elif kind == "state":
+                state, grace_s = value
+                if state == "serving":
+                    serving.set()
+                    await _set_health(health, SERVING)
+                elif state == "draining":
+                    serving.clear()
+                    await health.enter_graceful_shutdown()
+                elif state == "stop":
+                    break
+        orphaned.cancel()
+        await _stop_accepting(server, http, handler.inflight, grace_s)
+    finally:
+        if server is not None:
+            await server.stop(0)
+        if http is not None:
+            await http.stop()
+        if handler.service is not None:
+            await handler.service.close()
+        await link.close()
+
+
+async def _parent_gone(parent: int) -> None:
+    while os.getppid() == parent:
+        await asyncio.sleep(PARENT_POLL_S)
