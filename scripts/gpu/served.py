@@ -1,0 +1,84 @@
+"""The numbers of scripts/gpu/served.sh.
+
+    python scripts/gpu/served.py share SWEEP_DIR SHARE     # SHARE x a sweep's saturation, calls/s
+    python scripts/gpu/served.py summary OUT FRONTENDS...  # OUT/served.json and a table
+
+Saturation is a sweep's highest achieved docs/s (it stops at its first saturated rate); served /
+engine is that against the engine's docs/s on the same workload (OUT/engine.json, the same run).
+The records are issue 11's: ``served_docs_s``, ``served_p50_ms_10`` (p50 at 10% of saturation) and
+``served_p99_ms_80`` (p99 at 80%), one per workload and front-end count.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+TARGET_SHARE = 0.9
+
+
+def _runs(path: Path) -> list[dict]:
+    runs = json.loads((path / "report.json").read_text())["runs"]
+    if not runs:
+        raise SystemExit(f"{path}: no runs")
+    return runs
+
+
+def _top(path: Path) -> dict:
+    return max(_runs(path), key=lambda r: r["achieved_docs_per_s"])
+
+
+def share(path: Path, part: float) -> float:
+    return round(part * _top(path)["achieved_rps"], 1)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1e3, 2)
+
+
+def summary(out: Path, frontends: list[str]) -> int:
+    engine = {r["workload"]: r for r in json.loads((out / "engine.json").read_text())["records"]}
+    records, lines = [], []
+    lines.append("| workload | frontends | engine docs/s | served docs/s | served / engine | p50 @10% ms |"
+                 " p99 @80% ms | engine idle p50 ms | lag p99 ms @80% |")
+    lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for fe in frontends:
+        for d in sorted((out / f"fe{fe}").iterdir()):
+            w = d.name
+            top, low, high = _top(d / "sweep"), _runs(d / "at-0.1")[0], _runs(d / "at-0.8")[0]
+            ref = engine.get(w, {})
+            rec = {
+                "workload": w,
+                "system": f"served-fe{fe}",
+                "frontends": int(fe),
+                "engine_docs_s": ref.get("docs_s"),
+                "engine_idle_p50_ms": ref.get("idle_p50_ms"),
+                "served_docs_s": round(top["achieved_docs_per_s"], 1),
+                "served_saturated": any(r["saturation"]["saturated"] for r in _runs(d / "sweep")),
+                "served_p50_ms_10": _ms(low["latency_seconds"]["p50"]),
+                "served_p99_ms_80": _ms(high["latency_seconds"]["p99"]),
+                "lag_p99_ms_80": _ms(high["generator"]["lag_seconds"]["p99"]),
+                "failed_80": high["failed"],
+            }
+            rec["served_over_engine"] = (
+                round(rec["served_docs_s"] / rec["engine_docs_s"], 3) if rec["engine_docs_s"] else None
+            )
+            records.append(rec)
+            lines.append(
+                f"| {w} | {fe} | {rec['engine_docs_s']} | {rec['served_docs_s']}"
+                f"{'' if rec['served_saturated'] else ' (not saturated)'} | {rec['served_over_engine']} |"
+                f" {rec['served_p50_ms_10']} | {rec['served_p99_ms_80']} | {rec['engine_idle_p50_ms']} |"
+                f" {rec['lag_p99_ms_80']} |"
+            )
+    (out / "served.json").write_text(json.dumps({"records": records}, indent=1))
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    cmd, *rest = sys.argv[1:]
+    if cmd == "share":
+        print(share(Path(rest[0]), float(rest[1])))
+    else:
+        sys.exit(summary(Path(rest[0]), rest[1:]))
