@@ -71,6 +71,13 @@ def summary(out: Path, frontends: list[str]) -> int:
                 f" {rec['served_p50_ms_10']} | {rec['served_p99_ms_80']} | {rec['engine_idle_p50_ms']} |"
                 f" {rec['lag_p99_ms_80']} |"
             )
+    by = {(r["frontends"], r["workload"]): r for r in records}
+    for fe in map(int, frontends):
+        http, grpc = by.get((fe, "A-text-cohere")), by.get((fe, "A-text"))
+        if http and grpc:
+            ratio = http["served_docs_s"] / grpc["served_docs_s"]
+            added = http["served_p50_ms_10"] - grpc["served_p50_ms_10"]
+            lines.append(f"\nfrontends {fe}: Cohere HTTP / gRPC docs/s on A-text {ratio:.3f}, p50 at 10% {added:+.2f} ms")
     (out / "served.json").write_text(json.dumps({"records": records}, indent=1))
     print("\n".join(lines))
     return 0

@@ -8,19 +8,23 @@
 #      template plain, A-text as the load tool's text calls with the reranker template), then 10%
 #      and 80% of each sweep's saturation for p50 and p99.
 #   bash scripts/gpu/served.sh      device: carry [".gpu", ".wheels"]
-#   env: FRONTENDS, WORKLOADS (default "A E A-text"), STEP (seconds per rate, default 4), PROFILE=1
-#   (py-spy on the last configuration's server at 90% of A's saturation: pyspy-top.txt)
+#   env: GPU_TESTS=1 (scripts/gpu/test.sh first), FRONTENDS, WORKLOADS (default "A E A-text"), STEP (seconds per rate, default 4), PROFILE=1
+#   (py-spy on the last configuration's server at 90% of A's saturation: pyspy-top.txt), HTTP=1 (the
+#   server also on --http-port 8080, and A-text's calls sent to it as Cohere /v2/rerank too:
+#   workload "A-text-cohere", issue 13's HTTP against gRPC on the same calls), SWEEP (rates of every
+#   workload's sweep instead of its own), ENGINE=0 (no engine run: served.json without the reference)
 #   -> $OUT/served.json, served.md, engine.json, reports.tgz, server-*.log
 set -euo pipefail
 source scripts/gpu/env.sh
 use_wheels
+[ "${GPU_TESTS:-}" = 1 ] && { bash scripts/gpu/test.sh >/dev/null || echo "GPU tests failed" >&2; tail -1 "$OUT/gpu-tests.log"; }
 FRONTENDS="${FRONTENDS:-0 4}"
 WORKLOADS="${WORKLOADS:-A E A-text}"
 STEP="${STEP:-4}"
 CKPT=/tmp/ckpt/qwen3-0.6b-random
 random_checkpoint "$CKPT"
-declare -A RATES=([A]="300,400,450,500,550,600,700" [E]="150,200,225,250,275,300,350"
-  [A-text]="250,300,350,400,450,500,600")
+declare -A RATES=([A]="350,450,500,550,600,700" [E]="200,250,275,300,325,350"
+  [A-text]="250,300,350,400,450,500" [A-text-cohere]="250,300,350,400,450,500")
 declare -A GEN=([A]="--docs 10 --prompt-tokens 300 --doc-tokens fixed:50 --token-ids --template plain"
   [E]="--docs 20 --prompt-tokens 200 --doc-tokens fixed:60 --token-ids --template plain"
   [A-text]="--docs 10 --prompt-tokens 300 --doc-tokens fixed:50")
@@ -30,47 +34,67 @@ for w in $WORKLOADS; do
 done
 cache_w=$(echo "$WORKLOADS" | tr ' ' '\n' | grep -x A-text || true)
 plain_w=$(echo "$WORKLOADS" | tr ' ' '\n' | grep -vx A-text | paste -sd, || true)
+if [ "${ENGINE:-1}" = 1 ]; then
 echo "== engine alone: ${plain_w} ${cache_w}"
 python3 -m bench.throughput --out /tmp/engine --models qwen3-0.6b --workloads "$(echo $WORKLOADS | tr ' ' ,)" \
-  --systems auto --cache-systems auto --seconds 4 2>&1 | grep -E '^\|' || true
+  --systems auto --cache-systems auto --seconds 3 2>&1 | grep -E '^\|' || true
 cp /tmp/engine/throughput.json "$OUT/engine.json"
+else
+  echo '{"records": []}' >"$OUT/engine.json"
+fi
+if [ -n "${SWEEP:-}" ]; then for w in "${!RATES[@]}"; do RATES[$w]=$SWEEP; done; fi
 
+pack() {  # the device returns a handful of files: the load tool's reports travel as one archive
+  (cd "$OUT" && shopt -s nullglob && dirs=(fe*/) && [ ${#dirs[@]} -gt 0 ] && tar czf reports.tgz "${dirs[@]}") || true
+}
 finish() {
   [ -n "${pid:-}" ] && kill "$pid" 2>/dev/null || true
-  cd "$OUT" && shopt -s nullglob && local dirs=(fe*/)
-  [ ${#dirs[@]} -eq 0 ] || { tar czf reports.tgz "${dirs[@]}" && rm -r "${dirs[@]}"; }
+  pack
+  cd "$OUT" && rm -rf fe*/
 }
 trap finish EXIT
+series=$WORKLOADS
+[ "${HTTP:-}" = 1 ] && series="$series A-text-cohere"
 COMMON=(--schemes auto --warmup 1 --pause 1 --deadline-ms 2000 --channels 4 --quiet --no-samples
   --metrics-url http://127.0.0.1:9464/metrics)
 for fe in $FRONTENDS; do
+  http=()
+  [ "${HTTP:-}" = 1 ] && http=(--http-port 8080)
   taskset -c 4-15 python3 -m scorer serve --model "$CKPT" --port 50051 --metrics-port 9464 --frontends "$fe" \
-    >"$OUT/server-fe$fe.log" 2>&1 &
+    "${http[@]}" >"$OUT/server-fe$fe.log" 2>&1 &
   pid=$!
   python3 scripts/gpu/wait_serving.py $pid || { tail -20 "$OUT/server-fe$fe.log"; exit 1; }
-  for w in $WORKLOADS; do
+  # a first minute of load runs slower (batch shapes and plans seen for the first time): not measured
+  taskset -c 0-3 python3 -m loadtest.run --target 127.0.0.1:50051 --requests "/tmp/${WORKLOADS%% *}.jsonl" --rate 300 \
+    --duration 6 "${COMMON[@]}" --out /tmp/warm-up >/dev/null 2>&1 || true
+  for w in $series; do
     d="$OUT/fe$fe/$w"
+    reqs="/tmp/${w%-cohere}.jsonl"
+    target=(--target 127.0.0.1:50051)
+    [ "$w" = A-text-cohere ] && target=(--api cohere --target 127.0.0.1:8080)
     echo "== --frontends $fe, $w: sweep ${RATES[$w]}"
-    taskset -c 0-3 python3 -m loadtest.run --target 127.0.0.1:50051 --requests "/tmp/$w.jsonl" \
+    taskset -c 0-3 python3 -m loadtest.run "${target[@]}" --requests "$reqs" \
       --sweep "${RATES[$w]}" --duration "$STEP" --stop-when-saturated "${COMMON[@]}" --out "$d/sweep" 2>&1 \
       | grep -v '^report:' || true
     for share in 0.1 0.8; do
       rate=$(python3 scripts/gpu/served.py share "$d/sweep" $share)
-      taskset -c 0-3 python3 -m loadtest.run --target 127.0.0.1:50051 --requests "/tmp/$w.jsonl" \
-        --rate "$rate" --duration 6 "${COMMON[@]}" --out "$d/at-$share" 2>&1 | grep -v '^report:' || true
+      taskset -c 0-3 python3 -m loadtest.run "${target[@]}" --requests "$reqs" \
+        --rate "$rate" --duration 5 "${COMMON[@]}" --out "$d/at-$share" 2>&1 | grep -v '^report:' || true
     done
+    pack
   done
   if [ "${PROFILE:-}" = 1 ] && [ "$fe" = "${FRONTENDS##* }" ]; then
     rate=$(python3 scripts/gpu/served.py share "$OUT/fe$fe/A/sweep" 0.9)
     taskset -c 0-3 python3 -m loadtest.run --target 127.0.0.1:50051 --requests /tmp/A.jsonl --rate "$rate" \
       --duration 12 "${COMMON[@]}" --out /tmp/profile-load >/dev/null 2>&1 &
+    load=$!
     sleep 3
     py-spy record --pid $pid --subprocesses --threads --nonblocking --duration 8 --rate 200 --format raw \
       --output /tmp/pyspy.txt >/dev/null 2>&1 || echo "py-spy failed" >&2
-    wait
+    wait $load || true
     python3 scripts/gpu/pyspy_top.py /tmp/pyspy.txt 30 >"$OUT/pyspy-top.txt" || true
   fi
   kill -TERM $pid && wait $pid || echo "server exit code $?" >&2
   pid=
 done
-python3 scripts/gpu/served.py summary "$OUT" $FRONTENDS | tee "$OUT/served.md"
+python3 scripts/gpu/served.py summary "$OUT" $FRONTENDS | tee "$OUT/served.md" || true
