@@ -8,7 +8,9 @@ from collections import Counter
 def main(path: str, n: int = 40) -> None:
     own, total, threads = Counter(), Counter(), Counter()
     samples = 0
-    for line in open(path):
+    with open(path) as f:
+        lines = f.read().splitlines()
+    for line in lines:
         stack, _, count = line.rstrip().rpartition(" ")
         if not stack:
             continue

@@ -2,6 +2,7 @@
 
     python scripts/gpu/served.py share SWEEP_DIR SHARE     # SHARE x a sweep's saturation, calls/s
     python scripts/gpu/served.py summary OUT FRONTENDS...  # OUT/served.json and a table
+    python scripts/gpu/served.py merge OUT THROUGHPUT_JSON FRONTENDS  # into the engine's records
 
 Saturation is a sweep's highest achieved docs/s (it stops at its first saturated rate); served /
 engine is that against the engine's docs/s on the same workload (OUT/engine.json, the same run).
@@ -77,9 +78,37 @@ def summary(out: Path, frontends: list[str]) -> int:
         if http and grpc:
             ratio = http["served_docs_s"] / grpc["served_docs_s"]
             added = http["served_p50_ms_10"] - grpc["served_p50_ms_10"]
-            lines.append(f"\nfrontends {fe}: Cohere HTTP / gRPC docs/s on A-text {ratio:.3f}, p50 at 10% {added:+.2f} ms")
+            lines.append(
+                f"\nfrontends {fe}: Cohere HTTP / gRPC docs/s on A-text {ratio:.3f}, p50 at 10% {added:+.2f} ms"
+            )
     (out / "served.json").write_text(json.dumps({"records": records}, indent=1))
     print("\n".join(lines))
+    return 0
+
+
+def merge(out: Path, throughput: Path, frontends: int) -> int:
+    """The served records of ``frontends`` into the qwen3-0.6b ``auto`` records of the engine's
+    throughput.json (``served_*`` fields, with the engine's docs/s of the same run beside them; a
+    workload it has no record of gets the run's engine record)."""
+    doc = json.loads(throughput.read_text())
+    auto = lambda r: r["model"] == "qwen3-0.6b" and r["system"] == "auto"  # noqa: E731
+    engine = {r["workload"]: r for r in doc["records"] if auto(r)}
+    for r in json.loads((out / "engine.json").read_text())["records"]:
+        if auto(r) and r["workload"] not in engine:
+            doc["records"].append(r)
+            engine[r["workload"]] = r
+    for rec in json.loads((out / "served.json").read_text())["records"]:
+        if rec["frontends"] != frontends or rec["workload"] not in engine:
+            continue
+        engine[rec["workload"]].update(
+            served_docs_s=rec["served_docs_s"],
+            served_p50_ms_10=rec["served_p50_ms_10"],
+            served_p99_ms_80=rec["served_p99_ms_80"],
+            served_frontends=frontends,
+            served_engine_docs_s=rec["engine_docs_s"],
+            served_over_engine=rec["served_over_engine"],
+        )
+    throughput.write_text(json.dumps(doc, indent=1) + "\n")
     return 0
 
 
@@ -87,5 +116,7 @@ if __name__ == "__main__":
     cmd, *rest = sys.argv[1:]
     if cmd == "share":
         print(share(Path(rest[0]), float(rest[1])))
+    elif cmd == "merge":
+        sys.exit(merge(Path(rest[0]), Path(rest[1]), int(rest[2])))
     else:
         sys.exit(summary(Path(rest[0]), rest[1:]))
