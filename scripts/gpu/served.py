@@ -41,8 +41,10 @@ def _ms(seconds: float | None) -> float | None:
 def summary(out: Path, frontends: list[str]) -> int:
     engine = {r["workload"]: r for r in json.loads((out / "engine.json").read_text())["records"]}
     records, lines = [], []
-    lines.append("| workload | frontends | engine docs/s | served docs/s | served / engine | p50 @10% ms |"
-                 " p99 @80% ms | engine idle p50 ms | lag p99 ms @80% |")
+    lines.append(
+        "| workload | frontends | engine docs/s | served docs/s | served / engine | p50 @10% ms |"
+        " p99 @80% ms | engine idle p50 ms | lag p99 ms @80% |"
+    )
     lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for fe in frontends:
         for d in sorted((out / f"fe{fe}").iterdir()):
@@ -79,7 +81,8 @@ def summary(out: Path, frontends: list[str]) -> int:
             ratio = http["served_docs_s"] / grpc["served_docs_s"]
             added = http["served_p50_ms_10"] - grpc["served_p50_ms_10"]
             lines.append(
-                f"\nfrontends {fe}: Cohere HTTP / gRPC docs/s on A-text {ratio:.3f}, p50 at 10% {added:+.2f} ms"
+                f"\nfrontends {fe}: Cohere HTTP / gRPC docs/s on A-text {ratio:.3f},"
+                f" p50 at 10% {added:+.2f} ms"
             )
     (out / "served.json").write_text(json.dumps({"records": records}, indent=1))
     print("\n".join(lines))
