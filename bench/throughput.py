@@ -402,7 +402,10 @@ def main(argv: list[str] | None = None) -> None:
     result = {**environment(device), "matmul_tflops": matmul_tflops(device), "records": []}
     peak = result["matmul_tflops"] * 1e12
     print(f"bf16 matmul 8192^3: {result['matmul_tflops']:.1f} TFLOP/s", flush=True)
-    print("| model | workload | system | docs/s | MFU | idle p50 ms | idle p95 ms | 20 ms apart p50 ms | peak GiB |")
+    print(
+        "| model | workload | system | docs/s | MFU | idle p50 ms | idle p95 ms | 20 ms apart p50 ms"
+        " | peak GiB |"
+    )
     print("|---|---|---|---:|---:|---:|---:|---:|---:|", flush=True)
     for name in a.models.split(","):
         cfg = MODELS[name]
