@@ -2,7 +2,9 @@
 
 What a replica's CPU does per call besides the model: parse the protobuf, convert it, tokenize
 and validate (with the ``auto`` choice), plan the batch it lands in, build and serialise the
-answer. Calls like the GPU sweep's (20 docs of ~60 tokens on a 200-token prompt), as token ids
+answer; with ``--frontends`` the first three and the last run in a front-end process, and the
+engine process adds the link: the Job and its result pickled and unpickled (``link``: both, both
+ways). Calls like the GPU sweep's (20 docs of ~60 tokens on a 200-token prompt), as token ids
 and as text, on the embedded model's tokenizer; ``auto`` uses the H200-calibrated cost model as
 on a GPU. Median milliseconds per call (plan: per batch of ``--batch`` calls).
 
@@ -12,6 +14,7 @@ on a GPU. Median milliseconds per call (plan: per batch of ``--batch`` calls).
 from __future__ import annotations
 
 import argparse
+import pickle
 import random
 import statistics
 import time
@@ -27,6 +30,7 @@ from scorer.v1 import scorer_pb2 as pb
 from .timing import environment, write_json
 
 QWEN3_VOCAB = 151_669
+STAGES = ("parse", "convert", "tokenize", "respond", "link", "plan")
 WORDS = ("search", "ranking", "model", "document", "query", "prefix", "shared", "attention", "page")
 
 
@@ -75,7 +79,7 @@ def label_lookup(vocab_size: int) -> dict[str, float]:
 
 
 def measure(engine, calls: list[bytes], batch: int) -> dict[str, float]:
-    times: dict[str, list[float]] = {k: [] for k in ("parse", "convert", "tokenize", "respond", "plan")}
+    times: dict[str, list[float]] = {k: [] for k in STAGES}
     tokenized = []
 
     def timed(stage: str, fn, *args):
@@ -95,9 +99,14 @@ def measure(engine, calls: list[bytes], batch: int) -> dict[str, float]:
             return response_to_proto(t, str(i), "m", Scored(result, 0.0, 0.0, batch), 0.0, 0.0)
 
         timed("respond", lambda: respond().SerializeToString())
+        timed("link", _round_trip, t, Scored(result, 0.0, 0.0, batch))
     for j in range(0, len(tokenized) - batch + 1, batch):
         timed("plan", engine.plan, tokenized[j : j + batch])
     return {k: statistics.median(v) for k, v in times.items()}
+
+
+def _round_trip(*values) -> list:
+    return [pickle.loads(pickle.dumps(v, pickle.HIGHEST_PROTOCOL)) for v in values]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -109,15 +118,15 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     engine = build_engine(None, "torch", "cpu", None, config=EngineConfig(auto_policy="calibrated"))
     result = {"env": environment(engine.device), "docs": a.docs, "batch": a.batch, "ms": {}}
-    print("| input | parse | convert | tokenize (+auto) | respond | plan (per batch) |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| input | parse | convert | tokenize (+auto) | respond | link | plan (per batch) |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for kind in ("token_ids", "text"):
         rng = random.Random(0)
         per_word = tokens_per_word(engine.tokenizer)
         calls = [make_call(rng, i, a.docs, kind == "text", per_word) for i in range(a.calls)]
         measure(engine, calls[: a.batch], a.batch)  # first-use costs
         ms = result["ms"][kind] = measure(engine, calls, a.batch)
-        cols = " | ".join(f"{ms[k]:.3f}" for k in ("parse", "convert", "tokenize", "respond", "plan"))
+        cols = " | ".join(f"{ms[k]:.3f}" for k in STAGES)
         print(f"| {kind} | {cols} |")
     result["label_lookup_ms"] = label_lookup(QWEN3_VOCAB)
     print(
