@@ -410,12 +410,13 @@ def frontend_main(settings: Settings, address: str, index: int, parent: int) -> 
 
 
 async def _frontend(args: Settings, address: str, index: int, parent: int) -> None:
-    from .app import SERVING, _set_health, _start_http, _stop_accepting, grpc_server
+    from .app import NOT_SERVING, SERVING, _set_health, _start_http, _stop_accepting, grpc_server
     from .servicer import ScorerServicer
 
     link = FrontLink(address, index)
     handler = CallHandler(max_message_bytes=args.max_message_bytes)
     health = health_aio.HealthServicer()
+    await _set_health(health, NOT_SERVING)  # grpc's servicer starts SERVING; the engine says when
     serving = asyncio.Event()
     server = http = None
     try:
