@@ -121,8 +121,14 @@ class EngineLink:
             self._send(ident, b"state", (state, grace_s))
 
     def restarted(self, ident: bytes) -> None:
+        """The front end ``ident`` died and is started again. Its calls' clients are gone with it:
+        they are cancelled (a queued one leaves the queue unscored), and no result of theirs may
+        reach the new process, whose call ids start from 0 again."""
         self.ready.discard(ident)
         self.up[ident] = asyncio.get_running_loop().create_future()
+        for (owner, _), task in list(self._calls.items()):
+            if owner == ident:
+                task.cancel()
 
     def _send(self, ident: bytes, kind: bytes, value) -> None:
         self.sock.send_multipart([ident, kind, pickle.dumps(value, PICKLE)], flags=zmq.NOBLOCK)
@@ -140,7 +146,7 @@ class EngineLink:
             call_id, job, deadline, request_id = pickle.loads(payload)
             task = asyncio.create_task(self._score(ident, call_id, job, deadline, request_id))
             self._calls[ident, call_id] = task
-            task.add_done_callback(lambda _: self._calls.pop((ident, call_id), None))
+            task.add_done_callback(lambda t: self._forget((ident, call_id), t))
         elif kind == b"cancel":
             task = self._calls.get((ident, int.from_bytes(payload)))
             if task is not None:
@@ -157,6 +163,10 @@ class EngineLink:
                 self.all_ready.set()
             if self.state != "loading":
                 self._send(ident, b"state", (self.state, self.grace_s))
+
+    def _forget(self, key: tuple[bytes, int], task: asyncio.Task) -> None:
+        if self._calls.get(key) is task:  # not a later call of a restarted front end's, same id
+            del self._calls[key]
 
     async def _score(self, ident: bytes, call_id: int, job: Job, deadline, request_id: str) -> None:
         service = self.service
