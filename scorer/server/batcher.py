@@ -72,6 +72,9 @@ class Dropped(Exception):
         self.reason = reason
         super().__init__(f"dropped before its forward pass ({reason})")
 
+    def __reduce__(self):  # pickled as its reason (the engine process sends it to a front end)
+        return Dropped, (self.reason,)
+
 
 class OutOfMemory(Exception):
     """The call alone does not fit in the accelerator's memory."""
