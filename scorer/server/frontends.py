@@ -291,13 +291,12 @@ async def serve_split(args: Settings, signals, n: int) -> int:
         except OSError as e:
             raise CannotListen(f"metrics port {args.host}:{args.metrics_port}: {e.strerror}") from None
         ports = {}
+        names = {"port": "gRPC port", "http_port": "HTTP port"}  # as the single-process server says
         for name in ("port", "http_port") if args.http_port else ("port",):
             try:
                 reserved.append(reserve_port(args.host, getattr(args, name)))
             except OSError as e:
-                raise CannotListen(
-                    f"{name.replace('_', ' ')} {args.host}:{getattr(args, name)}: {e.strerror}"
-                ) from None
+                raise CannotListen(f"{names[name]} {args.host}:{getattr(args, name)}: {e.strerror}") from None
             ports[name] = reserved[-1].getsockname()[1]
         args = replace(args, **ports)
         address = f"ipc://{mp_dir}/engine"
