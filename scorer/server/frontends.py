@@ -264,8 +264,15 @@ def _mark_dead(pid: int | None) -> None:
 
 def reserve_port(host: str, port: int) -> socket.socket:
     """A socket bound to ``host:port`` with SO_REUSEPORT and not listening: the front ends bind the
-    same port beside it (0: the free port it got). Raises OSError when another process holds it."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    same port beside it (0: the free port it got). Raises OSError when another process holds it,
+    with SO_REUSEPORT too: a second ``scorer serve --frontends`` on the port would otherwise bind
+    beside the first one's front ends and take half of its connections."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:  # SO_REUSEADDR: past TIME_WAIT only
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((host, port))
+        port = probe.getsockname()[1]
+    sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
