@@ -5,13 +5,11 @@ from pathlib import Path
 
 import pytest
 from rpc_harness import ServerProcess, start_server
-from rpc_requests import FAULT_PROMPT
+from rpc_requests import MAIN_SERVER_ARGS
 
 from scorer.engine import Engine
 from scorer.models.tiny import ensure_tiny_model
 from scorer.runtime import build_engine
-
-MAIN_SERVER_ARGS = ("--max-wait-ms", "20", "--max-docs", "64", "--debug-fault-prompt", FAULT_PROMPT)
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,8 @@ from scorer.v1 import scorer_pb2 as pb
 SCHEMES = names()
 
 FAULT_PROMPT = "please fail this batch"  # the shared server's --debug-fault-prompt
+MAIN_SERVER_ARGS = ("--max-wait-ms", "20", "--max-docs", "64", "--debug-fault-prompt", FAULT_PROMPT)
+"""The shared servers' settings (conftest's ``server``, test_frontends' split one)."""
 
 WORDS = [
     *("prefix", "cache", "attention", "kernel", "ranking", "query", "document", "shared", "token"),
