@@ -13,8 +13,9 @@ answered UNAVAILABLE; once the model is warm each one takes the engine's ``Engin
 tokenizes as the engine would, and when all have it, health turns SERVING everywhere. On SIGTERM
 health turns NOT_SERVING, calls are still served for ``--drain-seconds``, then the front ends stop
 taking calls, finish theirs (up to ``--grace-seconds``) and exit, and the engine process exits
-last. A front end that dies is started again; its calls in flight fail with UNAVAILABLE on the
-client's side (the connection drops). A call's deadline travels with its Job (``time.monotonic``
+last. A front end that dies is started again, and listens once it can score; its calls in
+flight fail with UNAVAILABLE on the client's side (the connection drops) and its queued ones are
+dropped unscored. A call's deadline travels with its Job (``time.monotonic``
 is one clock for every process of a host), and a call cancelled in its front end (deadline,
 client gone) is cancelled in the engine process too: a queued one leaves the queue unscored.
 
@@ -151,12 +152,15 @@ class EngineLink:
             task = self._calls.get((ident, int.from_bytes(payload)))
             if task is not None:
                 task.cancel()
+        elif kind == b"hello":  # a front end starting: it listens once it can score, if it can
+            if self.info is not None:  # a restarted one: the engine is loaded already
+                self._send(ident, b"ready", self.info)
+            else:
+                self._send(ident, b"state", ("loading", 0.0))
         elif kind == b"up":  # the front end listens (None) or could not (why)
             future = self.up.get(ident)
             if future is not None and not future.done():
                 future.set_result(pickle.loads(payload))
-            if self.info is not None:  # a restarted one: the engine is loaded already
-                self._send(ident, b"ready", self.info)
         elif kind == b"ready":  # it tokenizes as the engine does now
             self.ready.add(ident)
             if self.ready.issuperset(self.identities):
@@ -435,7 +439,19 @@ async def _frontend(args: Settings, address: str, index: int, parent: int) -> No
     await _set_health(health, NOT_SERVING)  # grpc's servicer starts SERVING; the engine says when
     serving = asyncio.Event()
     server = http = None
+
+    def take(info: EngineInfo) -> None:  # tokenize as the engine does, from now on
+        tokenizing = Tokenizing(load_tokenizer(info.model_dir), info)
+        handler.service = RemoteScoring(tokenizing, link, args.knobs())
+        link.send(b"ready", None)
+
     try:
+        # a front end started again while the engine serves takes the engine's info before it
+        # listens: the kernel sends it connections from its first moment on
+        link.send(b"hello", None)
+        kind, value = await link.states.get()
+        if kind == "ready":
+            take(value)
         try:
             server, _ = grpc_server(args, ScorerServicer(handler), health, reuse_port=True)
             await server.start()
@@ -456,11 +472,7 @@ async def _frontend(args: Settings, address: str, index: int, parent: int) -> No
                 break
             kind, value = states.result()
             if kind == "ready":
-                service = RemoteScoring(
-                    Tokenizing(load_tokenizer(value.model_dir), value), link, args.knobs()
-                )
-                handler.service = service
-                link.send(b"ready", None)
+                take(value)
             elif kind == "state":
                 state, grace_s = value
                 if state == "serving":
