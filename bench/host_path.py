@@ -1,6 +1,8 @@
 """Host work of one call on the serving path, stage by stage, without the forward pass.
 
-What a replica's CPU does per call besides the model: parse the protobuf, convert it, tokenize
+What a replica's CPU does per call besides the model (planning with torch's intra-op threads and
+with one: its small ops lose to the threads' fork and join, and on a loaded host to waiting for
+them): parse the protobuf, convert it, tokenize
 and validate (with the ``auto`` choice), plan the batch it lands in, build and serialise the
 answer; with ``--frontends`` the first three and the last run in a front-end process, and the
 engine process adds the link: the Job and its result pickled and unpickled (``link``: both, both
@@ -20,6 +22,8 @@ import statistics
 import time
 from pathlib import Path
 
+import torch
+
 from scorer import readout
 from scorer.engine import EngineConfig
 from scorer.runtime import build_engine
@@ -30,7 +34,7 @@ from scorer.v1 import scorer_pb2 as pb
 from .timing import environment, write_json
 
 QWEN3_VOCAB = 151_669
-STAGES = ("parse", "convert", "tokenize", "respond", "link", "plan")
+STAGES = ("parse", "convert", "tokenize", "respond", "link", "plan", "plan_1_thread")
 WORDS = ("search", "ranking", "model", "document", "query", "prefix", "shared", "attention", "page")
 
 
@@ -100,8 +104,12 @@ def measure(engine, calls: list[bytes], batch: int) -> dict[str, float]:
 
         timed("respond", lambda: respond().SerializeToString())
         timed("link", _round_trip, t, Scored(result, 0.0, 0.0, batch))
-    for j in range(0, len(tokenized) - batch + 1, batch):
-        timed("plan", engine.plan, tokenized[j : j + batch])
+    threads = torch.get_num_threads()
+    for stage, n in (("plan", threads), ("plan_1_thread", 1)):
+        torch.set_num_threads(n)
+        for j in range(0, len(tokenized) - batch + 1, batch):
+            timed(stage, engine.plan, tokenized[j : j + batch])
+    torch.set_num_threads(threads)
     return {k: statistics.median(v) for k, v in times.items()}
 
 
@@ -118,8 +126,11 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     engine = build_engine(None, "torch", "cpu", None, config=EngineConfig(auto_policy="calibrated"))
     result = {"env": environment(engine.device), "docs": a.docs, "batch": a.batch, "ms": {}}
-    print("| input | parse | convert | tokenize (+auto) | respond | link | plan (per batch) |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print(
+        "| input | parse | convert | tokenize (+auto) | respond | link"
+        f" | plan ({torch.get_num_threads()} threads) | plan (1) |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for kind in ("token_ids", "text"):
         rng = random.Random(0)
         per_word = tokens_per_word(engine.tokenizer)

@@ -152,6 +152,13 @@ class Settings:
         scopes=EVERY,
         check=at_least(0),
     )
+    host_threads: int = setting(
+        1,
+        "with the model on a GPU, torch's intra-op threads for the host's tensor work (planning,"
+        " read-out): its ops are small, and threads cost more to fork and join than they save, far"
+        " more on cores the front ends share; 0: torch's default. The CPU model keeps torch's default",
+        check=at_least(0),
+    )
     auto_policy: str = setting(
         EngineConfig.auto_policy,
         "how scheme=auto picks: calibrated (H200 cost model), article (section 5.3), ragged, or default"

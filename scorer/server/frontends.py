@@ -421,8 +421,11 @@ class RemoteScoring(TokenizingService):
 
 def frontend_main(settings: Settings, address: str, index: int, parent: int) -> None:
     """A front-end process (``multiprocessing``'s target): the engine process's signals drive it."""
+    import torch
+
     from .app import configure_logging
 
+    torch.set_num_threads(1)  # tokenizing needs none of torch's threads; they would only contend
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the engine decides
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     configure_logging(settings.log_level, f"frontend-{index} ")

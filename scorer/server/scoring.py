@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+import torch
+
 from .. import metrics
 from ..engine import Engine, ScoreResult, Tokenizing
 from ..planning import REGISTRY
@@ -106,6 +108,8 @@ def ready_engine(settings) -> Engine:
     """Build the engine from ``settings``, warm every scheme up, and label ``scorer_model_info``:
     what a server (standalone or a Ray replica) does before it reports SERVING."""
     engine = settings.build_engine()
+    if engine.device.type == "cuda" and settings.host_threads:
+        torch.set_num_threads(settings.host_threads)
     engine.runner.capture_graphs()
     warm_up(engine)
     runner = engine.runner
