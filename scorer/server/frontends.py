@@ -57,6 +57,9 @@ PICKLE = pickle.HIGHEST_PROTOCOL
 START_TIMEOUT_S = 120.0
 """How long front-end processes may take to start and bind their ports."""
 PARENT_POLL_S = 1.0
+RESTART_BACKOFF_S = 10.0
+"""A front end that dies within this long of its start waits before its next start, longer each
+time in a row (0.5 s doubling, up to this), so one that cannot start does not spin."""
 
 
 def frontend_count(value: str, device: str | None) -> int:
@@ -158,9 +161,11 @@ class EngineLink:
             else:
                 self._send(ident, b"state", ("loading", 0.0))
         elif kind == b"up":  # the front end listens (None) or could not (why)
-            future = self.up.get(ident)
+            why, future = pickle.loads(payload), self.up.get(ident)
             if future is not None and not future.done():
-                future.set_result(pickle.loads(payload))
+                future.set_result(why)
+            elif why is not None:  # a restarted one
+                log.error("front end %s cannot listen: %s", ident.decode(), why)
         elif kind == b"ready":  # it tokenizes as the engine does now
             self.ready.add(ident)
             if self.ready.issuperset(self.identities):
@@ -233,17 +238,30 @@ class Frontends:
             raise RuntimeError(f"front ends not listening after {START_TIMEOUT_S:.0f} s") from None
 
     async def _watch_loop(self) -> None:
+        started = [time.monotonic()] * len(self.procs)
+        quick_deaths = [0] * len(self.procs)  # in a row, each within RESTART_BACKOFF_S of its start
         while True:
             await asyncio.sleep(0.2)
             for i, proc in enumerate(self.procs):
-                if proc.is_alive() or self.stopping:
+                if proc.is_alive() or self.stopping or proc.pid is None:
                     continue
+                now = time.monotonic()
+                quick_deaths[i] = quick_deaths[i] + 1 if now - started[i] < RESTART_BACKOFF_S else 0
+                wait = min(RESTART_BACKOFF_S, 0.5 * 2 ** quick_deaths[i]) if quick_deaths[i] else 0.0
                 log.error(
-                    "front end %d (pid %d) exited with %s; starting it again", i, proc.pid, proc.exitcode
+                    "front end %d (pid %d) exited with %s; starting it again%s",
+                    i,
+                    proc.pid,
+                    proc.exitcode,
+                    f" in {wait:.1f} s" if wait else "",
                 )
                 _mark_dead(proc.pid)
+                proc.join()
                 self.link.restarted(frontend_identity(i))
-                self.procs[i] = self._spawn(i)
+                await asyncio.sleep(wait)
+                if self.stopping:
+                    return
+                self.procs[i], started[i] = self._spawn(i), time.monotonic()
 
     async def stop(self, grace_s: float) -> None:
         """The front ends finish their calls (they were told to stop) and exit; killed past the grace."""
