@@ -1,13 +1,17 @@
 """One local Ray with the scorer application for every Ray test of the session (Ray starts once):
-a replica of the embedded tiny model on the CPU behind Serve's gRPC proxy and HTTP proxy."""
+a replica of the embedded tiny model on the CPU behind Serve's gRPC proxy and HTTP proxy; and what
+the tests that add applications of their own share: the proxy's routes, the replicas' processes,
+open-loop load through the proxy."""
 
 from __future__ import annotations
 
 import random
+import re
 import socket
+import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,8 +25,14 @@ from ray.serve.generated import serve_pb2, serve_pb2_grpc
 
 from scorer.models.tiny import ensure_tiny_model
 from scorer.ray_serve import RAY_ENV, ScorerArgs, build_app, grpc_options
+from scorer.v1 import scorer_pb2 as pb
+from scorer.v1 import scorer_pb2_grpc
 
 APP = "scorer"
+DIED = re.compile(r"The actor (died unexpectedly|\w+ is unavailable)")
+"""The details of Ray's proxy's INTERNAL for a call that was on a replica when its process died: "is
+unavailable" when the proxy calls replicas over gRPC (``RAY_ENV``), "died unexpectedly" over Ray's
+actor calls (docs/ray.md, Faults)."""
 
 
 def scrape(url: str, name: str, **labels: str) -> float:
@@ -115,3 +125,125 @@ def _wait_for_routes(app: RayApp, timeout_s: float = 30.0) -> None:
             pass
         assert time.monotonic() < give_up, "the HTTP proxy never routed to the application"
         time.sleep(0.1)
+
+
+def applications(channel: grpc.Channel) -> set[str]:
+    """The applications the gRPC proxy routes to."""
+    routes = serve_pb2_grpc.RayServeAPIServiceStub(channel)
+    return set(routes.ListApplications(serve_pb2.ListApplicationsRequest(), timeout=10).application_names)
+
+
+def wait_for_applications(channel: grpc.Channel, apps: set[str], timeout_s: float = 30.0) -> None:
+    """Until the proxy routes to exactly ``apps`` (a test's own application added or deleted: the
+    Ray tests that send no ``application`` metadata need the session's application alone)."""
+    give_up = time.monotonic() + timeout_s
+    while applications(channel) != apps:
+        assert time.monotonic() < give_up, f"the gRPC proxy never routed to exactly {apps}"
+        time.sleep(0.1)
+
+
+def replica_pids(app: str) -> set[int]:
+    """The processes of the application's replicas: Ray titles a replica worker
+    ``ray::ServeReplica:<app>:<deployment>``."""
+    title = f"ray::ServeReplica:{app}:Scorer".encode()
+    pids = set()
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and (proc / "cmdline").read_bytes().startswith(title):
+                pids.add(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+def listening_ports(pid: int) -> set[int]:
+    """The TCP ports the process listens on: its sockets' inodes looked up in /proc/net/tcp{,6}
+    (which replica of several serves which metrics port)."""
+    try:
+        inodes = {
+            link[len("socket:[") : -1]
+            for fd in Path(f"/proc/{pid}/fd").iterdir()
+            if (link := _readlink(fd)).startswith("socket:[")
+        }
+    except OSError:  # the process is gone
+        return set()
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def _readlink(path: Path) -> str:
+    try:
+        return str(path.readlink())
+    except OSError:
+        return ""
+
+
+@dataclass
+class Sent:
+    sent: float
+    future: grpc.Future
+    ended: float = 0.0
+
+    @property
+    def code(self) -> grpc.StatusCode:
+        return self.future.code()
+
+
+class Load:
+    """Open-loop calls through the proxy from a thread, ``burst`` calls every ``period_s`` whatever
+    the answers, each with a ``deadline_s`` gRPC deadline, sent as ``x-timeout-ms`` too (Ray's
+    proxy drops the gRPC one), and routed to ``app``; ``calls`` holds them in the order sent.
+    ``with Load(...) as load:`` runs it; leaving the block stops sending and waits for every call's
+    end."""
+
+    def __init__(
+        self,
+        stub: scorer_pb2_grpc.ScorerStub,
+        request: Callable[[int], pb.ScoreDocsRequest],
+        app: str,
+        deadline_s: float,
+        burst: int = 1,
+        period_s: float = 0.1,
+    ) -> None:
+        self.calls: list[Sent] = []
+        self._send = lambda i: stub.ScoreDocs.future(
+            request(i),
+            metadata=(("application", app), ("x-timeout-ms", f"{deadline_s * 1e3:g}")),
+            timeout=deadline_s,
+        )
+        self._burst, self._period_s = burst, period_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="load", daemon=True)
+
+    def __enter__(self) -> Load:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        for c in self.calls:
+            c.future.exception()  # waits for its end
+        give_up = time.monotonic() + 5.0  # each one's done callback runs just after
+        while not all(c.ended for c in self.calls) and time.monotonic() < give_up:
+            time.sleep(0.01)
+
+    def _run(self) -> None:
+        started, bursts = time.monotonic(), 0
+        while not self._stop.is_set():
+            for _ in range(self._burst):
+                call = Sent(time.monotonic(), self._send(len(self.calls)))
+                call.future.add_done_callback(lambda _, c=call: setattr(c, "ended", time.monotonic()))
+                self.calls.append(call)
+            bursts += 1
+            self._stop.wait(max(0.0, started + bursts * self._period_s - time.monotonic()))
+
+    def first_answer(self, after: float, code: grpc.StatusCode = grpc.StatusCode.OK) -> float | None:
+        """When the first call sent after ``after`` that was answered ``code`` ended, if one has."""
+        answered = (c for c in list(self.calls) if c.sent > after and c.ended and c.code == code)
+        return next((c.ended for c in answered), None)

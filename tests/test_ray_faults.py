@@ -12,18 +12,15 @@ the replica's queue behind a batch.
 from __future__ import annotations
 
 import os
-import re
 import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 import pytest
 from ray import serve
-from ray.serve.generated import serve_pb2, serve_pb2_grpc
-from ray_app import APP, RayApp, free_port, scrape
+from ray_app import APP, DIED, Load, RayApp, free_port, replica_pids, scrape, wait_for_applications
 
 from scorer.ray_serve import ScorerArgs, ScorerDeployment
 from scorer.v1 import scorer_pb2 as pb
@@ -53,18 +50,6 @@ class SlowApp:
             time.sleep(0.02)
 
 
-def _applications(channel: grpc.Channel) -> set[str]:
-    routes = serve_pb2_grpc.RayServeAPIServiceStub(channel)
-    return set(routes.ListApplications(serve_pb2.ListApplicationsRequest(), timeout=10).application_names)
-
-
-def _wait_for(channel: grpc.Channel, apps: set[str], timeout_s: float = 30.0) -> None:
-    give_up = time.monotonic() + timeout_s
-    while _applications(channel) != apps:
-        assert time.monotonic() < give_up, f"the gRPC proxy never routed to exactly {apps}"
-        time.sleep(0.1)
-
-
 @pytest.fixture(scope="module")
 def slow_app(ray_app: RayApp) -> Iterator[SlowApp]:
     args = ScorerArgs(
@@ -80,12 +65,12 @@ def slow_app(ray_app: RayApp) -> Iterator[SlowApp]:
     handle = serve.run(deployment.bind(args.model_dump()), name=SLOW, route_prefix="/slow")
     port = handle.metrics_port.remote().result()
     with grpc.insecure_channel(ray_app.grpc_target) as channel:
-        _wait_for(channel, {APP, SLOW})
+        wait_for_applications(channel, {APP, SLOW})
         try:
             yield SlowApp(channel, f"http://127.0.0.1:{port}/metrics")
         finally:
             serve.delete(SLOW)
-            _wait_for(channel, {APP})  # the other Ray tests call without application metadata
+            wait_for_applications(channel, {APP})  # the other Ray tests call without application metadata
 
 
 def _request(request_id: str) -> pb.ScoreDocsRequest:
@@ -122,38 +107,9 @@ def test_a_deadline_sent_as_metadata_drops_the_call_queued_in_the_replica(slow_a
     assert slow_app.metric("scorer_batch_requests_sum") == computed + 1  # the blocker alone was computed
 
 
-def _replica_pids(app: str) -> set[int]:
-    """The processes of the application's replicas: Ray titles a replica worker
-    ``ray::ServeReplica:<app>:<deployment>``."""
-    title = f"ray::ServeReplica:{app}:Scorer".encode()
-    pids = set()
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and (proc / "cmdline").read_bytes().startswith(title):
-                pids.add(int(proc.name))
-        except OSError:
-            continue
-    return pids
-
-
 DEADLINE_S = 5.0
 RATE = 10.0  # calls/s: ~10 queued behind each 1 s batch, so calls are on the replica when it dies
 RECOVERED_S = 5.0  # the load runs this long after the new replica's first answer
-DIED = re.compile(r"The actor (died unexpectedly|\w+ is unavailable)")
-"""The details of Ray's proxy's INTERNAL for a call that was on the replica when it died: "is
-unavailable" when the proxy calls replicas over gRPC (``RAY_ENV``), "died unexpectedly" over Ray's
-actor calls."""
-
-
-@dataclass
-class Sent:
-    sent: float
-    future: grpc.Future
-    ended: float = 0.0
-
-    @property
-    def code(self) -> grpc.StatusCode:
-        return self.future.code()
 
 
 def test_a_replica_killed_under_load_fails_its_calls_in_time_and_serves_again(slow_app):
@@ -161,28 +117,16 @@ def test_a_replica_killed_under_load_fails_its_calls_in_time_and_serves_again(sl
     by its deadline; those on the replica fail with INTERNAL from Ray's proxy (the actor died),
     those sent meanwhile wait in Ray's router for a replica (DEADLINE_EXCEEDED at the client's
     deadline if none comes in time); Serve starts a new replica and the calls then succeed."""
-    stub = slow_app.stub()
-    (pid,) = _replica_pids(SLOW)
-    metadata = (*ROUTED, ("x-timeout-ms", f"{DEADLINE_S * 1e3:g}"))
-    calls: list[Sent] = []
-    started = time.monotonic()
-    killed = recovered = None
-    while not (recovered and time.monotonic() - recovered > RECOVERED_S):
-        assert time.monotonic() - started < 120, "no call succeeded on a new replica within 2 minutes"
-        now = time.monotonic()
-        future = stub.ScoreDocs.future(_request(f"load-{len(calls)}"), metadata=metadata, timeout=DEADLINE_S)
-        call = Sent(now, future)
-        future.add_done_callback(lambda _, c=call: setattr(c, "ended", time.monotonic()))
-        calls.append(call)
-        if killed is None and now - started > 3.0:
-            os.kill(pid, signal.SIGKILL)
-            killed = now
-        if killed and not recovered:
-            answered = (c for c in calls if c.sent > killed and c.ended and c.code == grpc.StatusCode.OK)
-            recovered = next((c.ended for c in answered), None)
-        time.sleep(max(0.0, started + len(calls) / RATE - time.monotonic()))
-    for c in calls:
-        c.future.exception()  # waits for its end
+    (pid,) = replica_pids(SLOW)
+    with Load(slow_app.stub(), lambda i: _request(f"load-{i}"), SLOW, DEADLINE_S, period_s=1 / RATE) as load:
+        time.sleep(3.0)
+        os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        while not (recovered := load.first_answer(after=killed)):
+            assert time.monotonic() - killed < 120, "no call succeeded on a new replica within 2 minutes"
+            time.sleep(0.05)
+        time.sleep(max(0.0, recovered + RECOVERED_S - time.monotonic()))
+    calls = load.calls
 
     assert max(c.ended - c.sent for c in calls) < DEADLINE_S + 0.5  # nothing hung past its deadline
     failed = {c.code for c in calls if c.code != grpc.StatusCode.OK}
@@ -194,7 +138,7 @@ def test_a_replica_killed_under_load_fails_its_calls_in_time_and_serves_again(sl
     died = [c for c in calls if c.code == grpc.StatusCode.INTERNAL]
     assert died and all(DIED.match(c.future.details()) for c in died), {c.future.details() for c in died}
     assert all(c.sent < killed for c in died)
-    (new_pid,) = _replica_pids(SLOW)
+    (new_pid,) = replica_pids(SLOW)
     assert new_pid != pid
     last = [c for c in calls if c.sent > calls[-1].sent - 2.0]
     assert all(c.code == grpc.StatusCode.OK for c in last), [c.code for c in last]

@@ -17,7 +17,7 @@ from ray.serve.schema import ServeDeploySchema
 from ray_app import RayApp
 
 from scorer.engine import Engine
-from scorer.ray_serve import GRPC_SERVICER_FUNCTIONS, RAY_ENV, ScorerArgs, build_app
+from scorer.ray_serve import GRPC_SERVICER_FUNCTIONS, HEALTHY_SERVICES, RAY_ENV, ScorerArgs, build_app
 from scorer.request import Doc, ScoreOptions, ScoreRequest
 from scorer.runtime import build_engine
 from scorer.v1 import scorer_pb2 as pb
@@ -171,6 +171,35 @@ def test_serve_config_validates_and_is_the_kuberay_serve_config():
     (head,) = service["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"]
     for container in (head, worker):  # Ray's switches reach every Ray process of the cluster
         assert {e["name"]: e["value"] for e in container["env"]} == RAY_ENV
+
+
+def test_the_kuberay_manifest_asks_for_two_gpu_replicas_one_per_worker_pod():
+    """What issue 16 runs on two GPUs: two replicas at least, each on its own GPU worker pod, the
+    gRPC proxy's port on every worker, ready once that proxy routes a health check to a replica."""
+    docs = list(yaml.safe_load_all((ROOT / "deploy/kuberay/rayservice.yaml").read_text()))
+    (service,) = [d for d in docs if d["kind"] == "RayService"]
+    config = ServeDeploySchema.model_validate(yaml.safe_load(service["spec"]["serveConfigV2"]))
+    ((deployment,),) = [app.deployments for app in config.applications]
+    scaling = deployment.autoscaling_config
+    grpc_port = config.grpc_options.port
+
+    assert scaling["min_replicas"] >= 2 and scaling["initial_replicas"] >= scaling["min_replicas"]
+    (workers,) = service["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+    assert workers["replicas"] == workers["minReplicas"] == scaling["min_replicas"]
+    assert workers["maxReplicas"] == scaling["max_replicas"]
+    (worker,) = workers["template"]["spec"]["containers"]
+    for need in ("requests", "limits"):  # one replica per pod: as many GPUs as a replica takes
+        assert worker["resources"][need]["nvidia.com/gpu"] == deployment.ray_actor_options.num_gpus == 1
+    ports = {p["name"]: p["containerPort"] for p in worker["ports"]}
+    assert ports["serve-grpc"] == grpc_port
+    probe = worker["readinessProbe"]["grpc"]
+    assert (probe["port"], probe["service"]) == (grpc_port, "scorer.v1.Scorer")
+    assert probe["service"] in HEALTHY_SERVICES
+    (grpc_service,) = [d for d in docs if d["kind"] == "Service"]
+    (port,) = grpc_service["spec"]["ports"]
+    assert (port["port"], port["targetPort"]) == (grpc_port, "serve-grpc")
+    labels = {**workers["template"]["metadata"]["labels"], "ray.io/serve": "true"}  # KubeRay: proxy healthy
+    assert grpc_service["spec"]["selector"].items() <= labels.items()
 
 
 def test_a_replica_holds_as_many_calls_as_its_batcher_queues():
