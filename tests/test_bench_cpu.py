@@ -2,19 +2,23 @@
 
 import json
 
+import torch
+
 from bench import host_path
 
 
 def test_host_path_reports_every_stage(tmp_path, capsys) -> None:
+    threads = torch.get_num_threads()
     host_path.main(["--calls", "12", "--batch", "6", "--out", str(tmp_path)])
     result = json.loads((tmp_path / "host_path.json").read_text())
     for kind in ("token_ids", "text"):
         ms = result["ms"][kind]
-        assert set(ms) == {"parse", "convert", "tokenize", "respond", "plan"}
+        assert set(ms) == {"parse", "convert", "tokenize", "respond", "link", "plan", "plan_1_thread"}
         assert all(v > 0 for v in ms.values()), ms
     lookup = result["label_lookup_ms"]
     assert lookup["lookup"] < lookup["get_vocab"]
     assert "| token_ids |" in capsys.readouterr().out
+    assert torch.get_num_threads() == threads  # the one-thread plan put torch's threads back
 
 
 def test_throughput_benchmark_runs_every_kind_of_system(tmp_path):
