@@ -106,6 +106,11 @@ FORWARD_PASSES = Counter(
     "Model forward passes run for calls (warm-up excluded).",
     registry=REGISTRY,
 )
+FRONTEND_RESTARTS = Counter(
+    "scorer_frontend_restarts_total",
+    "Front-end processes (scorer serve --frontends) that died and were started again.",
+    registry=REGISTRY,
+)
 PREFIX_CACHE_HIT_TOKENS = Counter(
     "scorer_prefix_cache_hit_tokens_total",
     "Prompt tokens whose K/V a batch read from the prefix cache instead of computing them.",

@@ -255,6 +255,7 @@ class Frontends:
                     proc.exitcode,
                     f" in {wait:.1f} s" if wait else "",
                 )
+                metrics.FRONTEND_RESTARTS.inc()
                 _mark_dead(proc.pid)
                 proc.join()
                 self.link.restarted(frontend_identity(i))

@@ -473,11 +473,13 @@ def test_a_killed_front_end_is_started_again_and_its_calls_are_dropped_unscored(
     doomed = [stub(channels[victim]).ScoreDocs.future(doomed_msg, timeout=60) for _ in range(6)]
     server.wait_metric("scorer_stage_duration_seconds_count", tokenized + 30, stage="tokenize")
     time.sleep(0.3)  # their Jobs reach the engine
+    restarts = server.metric("scorer_frontend_restarts_total")
     os.kill(pid, signal.SIGKILL)
 
     assert [f.exception().code() if f.exception() else "OK" for f in doomed] == [UNAVAILABLE] * 6
     restarted = f"front end 1 (pid {pid}) exited with -9; starting it again"
     wait_for(lambda: restarted in server.log(), 10, "no restart logged")
+    assert server.wait_metric("scorer_frontend_restarts_total", restarts + 1) == restarts + 1
     assert server.wait_metric("scorer_requests_dropped_total", cancelled_before + 6, reason="cancelled") == (
         cancelled_before + 6
     )
