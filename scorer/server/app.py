@@ -101,10 +101,7 @@ async def serve(args: Settings) -> int:
     inflight = handler.inflight
     health = health_aio.HealthServicer()
     await _set_health(health, NOT_SERVING)
-    try:
-        metrics_http = metrics.serve_http(args.metrics_port, args.host) if args.metrics_port else None
-    except OSError as e:
-        raise CannotListen(f"metrics port {args.host}:{args.metrics_port}: {e.strerror}") from None
+    metrics_http = _metrics_http(args)
     try:
         server, port = grpc_server(args, ScorerServicer(handler), health)
     except RuntimeError as e:
@@ -125,15 +122,11 @@ async def serve(args: Settings) -> int:
         http = await _start_http(
             args, handler, lambda: handler.service is not None and not signals.stop.is_set()
         )
-        engine = await _load_or_stop(args, signals)
-        if engine is not None:
-            service = ScoringService(engine, args.batch_policy(), args.knobs())
-            service.start()
+        service = await _start_service(args, signals)
+        if service is not None:
             handler.service = service
             await _set_health(health, SERVING)
-            metrics.READY.set(1)
-            log.info("SERVING %s", engine.model_name)
-            await signals.stop.wait()
+            await _serving(service, signals)
         await health.enter_graceful_shutdown()
         await _drain(args, signals)
         await _stop_accepting(server, http, inflight, args.grace_seconds)
@@ -208,6 +201,33 @@ async def _start_http(
             "; API key required" if args.api_key else "",
         )
     return http
+
+
+def _metrics_http(args: Settings, multiprocess_dir: str | None = None):
+    """``/metrics`` on ``--metrics-port`` (see ``metrics.serve_http``), or None when it is 0."""
+    if not args.metrics_port:
+        return None
+    try:
+        return metrics.serve_http(args.metrics_port, args.host, multiprocess_dir)
+    except OSError as e:
+        raise CannotListen(f"metrics port {args.host}:{args.metrics_port}: {e.strerror}") from None
+
+
+async def _start_service(args: Settings, signals: _Signals) -> ScoringService | None:
+    """The warm engine's scoring service, started; None when a signal came while loading."""
+    engine = await _load_or_stop(args, signals)
+    if engine is None:
+        return None
+    service = ScoringService(engine, args.batch_policy(), args.knobs())
+    service.start()
+    return service
+
+
+async def _serving(service: ScoringService, signals: _Signals) -> None:
+    """The front ends have ``service``: SERVING, until the first signal."""
+    metrics.READY.set(1)
+    log.info("SERVING %s", service.engine.model_name)
+    await signals.stop.wait()
 
 
 async def _load_or_stop(args: Settings, signals: _Signals) -> Engine | None:

@@ -39,6 +39,7 @@ import tempfile
 import time
 from dataclasses import replace
 
+import torch
 import zmq
 import zmq.asyncio
 from grpc_health.v1.health import aio as health_aio
@@ -67,8 +68,6 @@ def frontend_count(value: str, device: str | None) -> int:
     limit there), else one per two cores beyond two, at most four."""
     if value != "auto":
         return int(value)
-    import torch
-
     on_gpu = (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
     return max(0, min(4, (len(os.sched_getaffinity(0)) - 2) // 2)) if on_gpu else 0
 
@@ -129,7 +128,6 @@ class EngineLink:
         they are cancelled (a queued one leaves the queue unscored), and no result of theirs may
         reach the new process, whose call ids start from 0 again."""
         self.ready.discard(ident)
-        self.up[ident] = asyncio.get_running_loop().create_future()
         for (owner, _), task in list(self._calls.items()):
             if owner == ident:
                 task.cancel()
@@ -243,7 +241,7 @@ class Frontends:
         while True:
             await asyncio.sleep(0.2)
             for i, proc in enumerate(self.procs):
-                if proc.is_alive() or self.stopping or proc.pid is None:
+                if proc.is_alive() or self.stopping:
                     continue
                 now = time.monotonic()
                 quick_deaths[i] = quick_deaths[i] + 1 if now - started[i] < RESTART_BACKOFF_S else 0
@@ -307,19 +305,14 @@ def reserve_port(host: str, port: int) -> socket.socket:
 
 async def serve_split(args: Settings, signals, n: int) -> int:
     """``scorer serve`` with ``n`` front-end processes (see the module's doc)."""
-    from .app import CannotListen, _drain, _load_or_stop
+    from .app import CannotListen, _drain, _metrics_http, _serving, _start_service
 
     mp_dir = tempfile.mkdtemp(prefix="scorer-")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = mp_dir  # the front ends', spawned after this
     reserved: list[socket.socket] = []
     metrics_http = link = fronts = service = None
     try:
-        try:
-            metrics_http = (
-                metrics.serve_http(args.metrics_port, args.host, mp_dir) if args.metrics_port else None
-            )
-        except OSError as e:
-            raise CannotListen(f"metrics port {args.host}:{args.metrics_port}: {e.strerror}") from None
+        metrics_http = _metrics_http(args, mp_dir)
         ports = {}
         names = {"port": "gRPC port", "http_port": "HTTP port"}  # as the single-process server says
         for name in ("port", "http_port") if args.http_port else ("port",):
@@ -345,16 +338,12 @@ async def serve_split(args: Settings, signals, n: int) -> int:
             f", HTTP rerank on port {args.http_port}" if args.http_port else "",
             args.metrics_port or "off",
         )
-        engine = await _load_or_stop(args, signals)
-        if engine is not None:
-            service = ScoringService(engine, args.batch_policy(), args.knobs())
-            service.start()
+        service = await _start_service(args, signals)
+        if service is not None:
             link.serve(service)
             await link.all_ready.wait()
             link.set_state("serving")
-            metrics.READY.set(1)
-            log.info("SERVING %s", engine.model_name)
-            await signals.stop.wait()
+            await _serving(service, signals)
         link.set_state("draining")
         await _drain(args, signals)
         link.set_state("stop", args.grace_seconds)
@@ -440,8 +429,6 @@ class RemoteScoring(TokenizingService):
 
 def frontend_main(settings: Settings, address: str, index: int, parent: int) -> None:
     """A front-end process (``multiprocessing``'s target): the engine process's signals drive it."""
-    import torch
-
     from .app import configure_logging
 
     torch.set_num_threads(1)  # tokenizing needs none of torch's threads; they would only contend
