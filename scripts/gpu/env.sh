@@ -23,3 +23,10 @@ use_wheels() {  # the wheels of .wheels/ (scripts/gpu/wheels.sh; carry .wheels) 
   rm -rf /tmp/wheels && python3 -m pip install -q --no-index --no-deps --target /tmp/wheels .wheels/*.whl
   export PYTHONPATH="/tmp/wheels:$PYTHONPATH" PATH="/tmp/wheels/bin:$PATH"
 }
+
+pyspy_top() {  # PID SECONDS [ROWS]: py-spy on PID's threads and subprocesses -> $OUT/pyspy-top.txt
+  # (self and total time by function, scripts/gpu/pyspy_top.py, from raw collapsed stacks)
+  py-spy record --pid "$1" --subprocesses --threads --nonblocking --duration "$2" --rate 200 --format raw \
+    --output /tmp/pyspy.txt >/dev/null 2>/tmp/pyspy.err || { echo "py-spy failed:" >&2; cat /tmp/pyspy.err >&2; }
+  python3 scripts/gpu/pyspy_top.py /tmp/pyspy.txt "${3:-40}" >"$OUT/pyspy-top.txt" || true
+}

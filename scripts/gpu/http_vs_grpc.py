@@ -22,19 +22,21 @@ MIN_DOCS_RATIO = 0.9
 MAX_P50_ADDED_MS = 1.0
 
 
-def _report(path: Path) -> dict:
+def load_report(path: Path) -> dict:
+    """A load tool report (its ``report.json``); SystemExit when it has no runs."""
     rep = json.loads((path / "report.json").read_text())
     if not rep["runs"]:
         raise SystemExit(f"{path}: no runs")
     return rep
 
 
-def _top(rep: dict) -> dict:
+def top_run(rep: dict) -> dict:
+    """The report's run with the highest achieved docs/s (a sweep's saturation)."""
     return max(rep["runs"], key=lambda r: r["achieved_docs_per_s"])
 
 
 def light_rate(path: Path) -> float:
-    rps = _top(_report(path))["achieved_rps"]
+    rps = top_run(load_report(path))["achieved_rps"]
     if not rps:
         raise SystemExit(f"{path}: no call succeeded")
     return round(0.1 * rps, 1)
@@ -65,8 +67,8 @@ def token_counts(requests: Path, checkpoint: str) -> dict:
 
 
 def series(out: Path, name: str, problems: list[str]) -> dict:
-    sweep, light = _report(out / name), _report(out / f"light-{name}")
-    top, low = _top(sweep), light["runs"][0]
+    sweep, light = load_report(out / name), load_report(out / f"light-{name}")
+    top, low = top_run(sweep), light["runs"][0]
     if not any(r["saturation"]["saturated"] for r in sweep["runs"]):
         problems.append(f"{name}: the sweep never saturated; its top is a lower bound (raise the rates)")
     if low["failed"] or low["saturation"]["saturated"]:

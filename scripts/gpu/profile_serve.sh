@@ -4,7 +4,7 @@
 # prompt + 10 x 50-token docs, template plain) at RATE calls/s, open loop; py-spy samples every
 # thread of the server (and its front-end processes, --subprocesses) for SECONDS.
 #   bash scripts/gpu/profile_serve.sh [rate] [seconds] [extra scorer serve flags...]
-#   device: carry [".gpu", ".wheels"] -> $OUT/pyspy-top.txt (self time by function), pyspy.svg, load.txt
+#   device: carry [".gpu", ".wheels"] -> $OUT/pyspy-top.txt (self time by function), load.txt
 # GPU_TESTS=1 runs the GPU tests first (scripts/gpu/test.sh).
 set -euo pipefail
 source scripts/gpu/env.sh
@@ -27,11 +27,7 @@ taskset -c 0-3 python3 -m loadtest.run --target 127.0.0.1:50051 --requests /tmp/
   --out /tmp/load >"$OUT/load.txt" 2>&1 &
 load=$!
 sleep 3
-# raw collapsed stacks (one line per stack, count at the end) for the table, and a flame graph
-py-spy record --pid $pid --subprocesses --threads --nonblocking --duration "$SECONDS_" --rate 200 \
-  --format raw --output /tmp/pyspy.txt >/dev/null 2>"$OUT/pyspy.err" || cat "$OUT/pyspy.err"
+pyspy_top $pid "$SECONDS_"
 wait $load || true
-py-spy record --pid $pid --subprocesses --nonblocking --duration 3 --rate 100 --output "$OUT/pyspy.svg" \
-  >/dev/null 2>&1 || true
-python3 scripts/gpu/pyspy_top.py /tmp/pyspy.txt | tee "$OUT/pyspy-top.txt"
+cat "$OUT/pyspy-top.txt"
 kill -TERM $pid && wait $pid || true

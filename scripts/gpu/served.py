@@ -16,22 +16,15 @@ import json
 import sys
 from pathlib import Path
 
-TARGET_SHARE = 0.9
+from http_vs_grpc import load_report, top_run  # beside this file: the same reports
 
 
-def _runs(path: Path) -> list[dict]:
-    runs = json.loads((path / "report.json").read_text())["runs"]
-    if not runs:
-        raise SystemExit(f"{path}: no runs")
-    return runs
-
-
-def _top(path: Path) -> dict:
-    return max(_runs(path), key=lambda r: r["achieved_docs_per_s"])
+def _first_run(path: Path) -> dict:
+    return load_report(path)["runs"][0]
 
 
 def share(path: Path, part: float) -> float:
-    return round(part * _top(path)["achieved_rps"], 1)
+    return round(part * top_run(load_report(path))["achieved_rps"], 1)
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -49,7 +42,8 @@ def summary(out: Path, frontends: list[str]) -> int:
     for fe in frontends:
         for d in sorted((out / f"fe{fe}").iterdir()):
             w = d.name
-            top, low, high = _top(d / "sweep"), _runs(d / "at-0.1")[0], _runs(d / "at-0.8")[0]
+            sweep = load_report(d / "sweep")
+            top, low, high = top_run(sweep), _first_run(d / "at-0.1"), _first_run(d / "at-0.8")
             ref = engine.get(w, {})
             rec = {
                 "workload": w,
@@ -58,7 +52,7 @@ def summary(out: Path, frontends: list[str]) -> int:
                 "engine_docs_s": ref.get("docs_s"),
                 "engine_idle_p50_ms": ref.get("idle_p50_ms"),
                 "served_docs_s": round(top["achieved_docs_per_s"], 1),
-                "served_saturated": any(r["saturation"]["saturated"] for r in _runs(d / "sweep")),
+                "served_saturated": any(r["saturation"]["saturated"] for r in sweep["runs"]),
                 "served_p50_ms_10": _ms(low["latency_seconds"]["p50"]),
                 "served_p99_ms_80": _ms(high["latency_seconds"]["p99"]),
                 "lag_p99_ms_80": _ms(high["generator"]["lag_seconds"]["p99"]),

@@ -89,10 +89,8 @@ for fe in $FRONTENDS; do
       --duration 12 "${COMMON[@]}" --out /tmp/profile-load >/dev/null 2>&1 &
     load=$!
     sleep 3
-    py-spy record --pid $pid --subprocesses --threads --nonblocking --duration 8 --rate 200 --format raw \
-      --output /tmp/pyspy.txt >/dev/null 2>&1 || echo "py-spy failed" >&2
+    pyspy_top $pid 8 30
     wait $load || true
-    python3 scripts/gpu/pyspy_top.py /tmp/pyspy.txt 30 >"$OUT/pyspy-top.txt" || true
   fi
   kill -TERM $pid && wait $pid || echo "server exit code $?" >&2
   pid=
