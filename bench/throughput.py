@@ -208,19 +208,21 @@ def engine_system(engine: Engine, reqs: list[ScoreRequest], scheme: str, seconds
         k += 1
     waiting()
     wall = time.perf_counter() - t0
-    idle = []
-    for job in jobs[:30]:
-        sync(engine.device)
-        t1 = time.perf_counter()
-        engine.score_batch([job])
-        idle.append((time.perf_counter() - t1) * 1e3)
+
+    def alone(gap_s: float) -> list[float]:
+        """Milliseconds of each of 30 calls scored alone, ``gap_s`` after the last one ended."""
+        out = []
+        for job in jobs[:30]:
+            sync(engine.device)
+            time.sleep(gap_s)
+            t1 = time.perf_counter()
+            engine.score_batch([job])
+            out.append((time.perf_counter() - t1) * 1e3)
+        return out
+
+    idle = alone(0.0)
     q = statistics.quantiles(idle, n=20)
-    spaced = []  # the same calls 20 ms apart (A's 10% load): the device idles between them
-    for job in jobs[:30]:
-        time.sleep(SPACED_GAP_S)
-        t1 = time.perf_counter()
-        engine.score_batch([job])
-        spaced.append((time.perf_counter() - t1) * 1e3)
+    spaced = alone(SPACED_GAP_S)  # the same calls 20 ms apart (A's 10% load): the device idles between
     return {
         "docs_s": docs / wall,
         "idle_p50_ms": statistics.median(idle),
