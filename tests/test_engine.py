@@ -431,3 +431,41 @@ def test_a_cancelled_call_stops_tokenizing(engine, monkeypatch):
 
     at_cancel, later = asyncio.run(scenario())
     assert 0 < at_cancel < 40 and later <= at_cancel + 1
+
+
+def test_small_token_id_calls_are_checked_on_the_loop_and_text_on_a_tokenizer_thread(engine):
+    """Handing a call to a tokenizer thread and back costs an idle server more than checking a
+    few hundred ids: those stay on the event loop; text, or ids past INLINE_IDS, go to a thread.
+    Either way the Job is the engine's own."""
+    import asyncio
+    import threading
+
+    from scorer.request import Doc, ScoreOptions, ScoreRequest
+    from scorer.server.batcher import BatchPolicy
+    from scorer.server.scoring import INLINE_IDS, ScoringService
+
+    ids = ScoreRequest(
+        "",
+        [Doc(token_ids=(5, 6, 7)), Doc(token_ids=(8,))],
+        prompt_token_ids=(1, 2, 3),
+        options=ScoreOptions(template="plain"),
+    )
+    big = ScoreRequest(
+        "", [Doc(token_ids=(5,) * 128)] * (INLINE_IDS // 128 + 1), prompt_token_ids=(1,), options=ids.options
+    )
+    text = _req(docs=("a doc",))
+    threads = []
+
+    async def scenario():
+        service = ScoringService(engine, BatchPolicy())
+        real = service._tokenize
+        service._tokenize = lambda *a: threads.append(threading.current_thread().name) or real(*a)
+        jobs = [(await service.tokenize(r))[0] for r in (ids, big, text)]
+        await service.close()
+        return jobs
+
+    jobs = asyncio.run(scenario())
+    assert threads[0] == threading.main_thread().name
+    assert threads[1].startswith("tokenize") and threads[2].startswith("tokenize")
+    for job, req in zip(jobs, (ids, big, text), strict=True):
+        assert (job.prefix_ids, job.items) == ((t := engine.tokenize(req)).prefix_ids, t.items)

@@ -275,3 +275,25 @@ def test_an_unsupported_spec_is_refused_at_start_never_switched_while_running():
         make_backend("flashinfer", fp32)
     assert make_backend("flashinfer", fp32, fallback="torch").name == "torch"
     assert make_backend("auto", HeadSpec(8, 2, 128, torch.bfloat16, DEV)).name == "flashinfer"
+
+
+@pytest.mark.parametrize("kernels", KERNELS)
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_fast_launch_equals_the_wrappers_run(scheme: str, kernels: str):
+    """_Launch (paged_run with the arguments fixed at plan time) is the wrapper's run, bit for bit,
+    and is what runs the single-call groups."""
+    rng = random.Random(f"fast-{scheme}-{kernels}")
+    sp = spec(torch.bfloat16)
+    fast, slow = (
+        FlashInferBackend(sp, kernels=kernels),
+        FlashInferBackend(sp, kernels=kernels, fast_run=False),
+    )
+    for trial in range(3):
+        shapes = random_shapes(rng)
+        q, k, v = random_qkv(shapes, sp, seed=200 + trial)
+        plan = make_plan(scheme, shapes)
+        got = replay_attention(plan, fast, q, k, v)
+        assert torch.equal(got, replay_attention(plan, slow, q, k, v)), f"{scheme} {shapes}"
+    single = [g for g in fast._groups if len(g.wrappers) == 1]
+    assert all(g.launch is not None for g in single), "a single-call group took the wrapper's run"
+    assert all(g.launch is None for g in slow._groups)
