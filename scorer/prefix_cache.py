@@ -107,7 +107,10 @@ class PrefixCache:
         self.capacity, self.block = capacity // block * block, block
         capacity = self.capacity
         self.slot_bytes = slot_bytes(num_layers, num_kv_heads, head_dim, dtype)
-        shape = (num_layers, capacity, num_kv_heads, head_dim)
+        # one slot more than the blocks hold: ``spare``, where a CUDA graph that writes every row
+        # of its bucket to the pool puts the rows no pass owns (see GraphedDecoder.attach_pool)
+        shape = (num_layers, capacity + 1, num_kv_heads, head_dim)
+        self.spare = capacity
         self.k = torch.empty(shape, dtype=dtype, device=device)
         self.v = torch.empty(shape, dtype=dtype, device=device)
         self._free = list(range(capacity // block - 1, -1, -1))  # pages, a stack

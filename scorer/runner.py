@@ -33,12 +33,15 @@ class ModelRunner:
         n = cuda_graph_max_tokens
         self.graphs = GraphedDecoder(model, n) if n > 0 and self.device.type == "cuda" else None
 
-    def capture_graphs(self) -> float:
+    def capture_graphs(self, cache: PrefixCache | None = None) -> float:
         """Capture the CUDA graphs of every token bucket (seconds taken; 0 without graphs). Until
         then every forward runs eagerly; so does every forward when the capture runs out of
-        memory (logged: lower ``cuda_graph_max_tokens``)."""
+        memory (logged: lower ``cuda_graph_max_tokens``). With ``cache``, the graphs write each
+        layer's K/V to its pool as well (``GraphedDecoder.attach_pool``)."""
         if self.graphs is None:
             return 0.0
+        if cache is not None:
+            self.graphs.attach_pool(cache.k, cache.v, cache.spare)
         try:
             return self.graphs.warm_up()
         except torch.OutOfMemoryError as e:
@@ -60,17 +63,24 @@ class ModelRunner:
             pool = CachePool(cache.k, cache.v)
         else:
             pool = KVPool(plan, mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype, self.device)
-        decoder = self.graphs or self.model
         rows = []
         for p, score_rows in zip(plan.passes, plan.score_rows, strict=True):
             self.backend.plan(p)
             logical = to_device(p.logical, self.device)
             slots = to_device(p.slots, self.device) if p.slots is not None else None
+            written = (
+                plan.on_pool and self.graphs is not None and self.graphs.writes_pool(cache.k, p.num_rows)
+            )
 
-            def attn(layer, q, k, v, out=None, p=p, slots=slots):
-                return self.backend.run(layer, q, *pool.write(layer, p, k, v, slots), out=out)
+            def attn(layer, q, k, v, out=None, p=p, slots=slots, written=written):
+                kv = pool.read(layer) if written else pool.write(layer, p, k, v, slots)
+                return self.backend.run(layer, q, *kv, out=out)
 
-            hidden = decoder.forward_hidden(ids[logical], positions[logical], attn)
+            if self.graphs is not None:
+                pool_slots = slots if written else None
+                hidden = self.graphs.forward_hidden(ids[logical], positions[logical], attn, pool_slots)
+            else:
+                hidden = self.model.forward_hidden(ids[logical], positions[logical], attn)
             rows.append(hidden[to_device(score_rows, self.device)])
             self.stats["forward_passes"] += 1
             self.stats["tokens_computed"] += p.num_rows

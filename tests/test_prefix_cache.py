@@ -252,4 +252,34 @@ def test_the_pool_is_sized_in_mib_and_zero_turns_it_off(off):
     assert PrefixCache.for_model(0, mc, torch.float32, off.device) is None
     cache = PrefixCache.for_model(1, mc, torch.float32, off.device)
     assert cache.capacity == 2**20 // cache.slot_bytes
-    assert cache.k.shape == (mc.num_layers, cache.capacity, mc.num_kv_heads, mc.head_dim)
+    assert cache.k.shape == (mc.num_layers, cache.capacity + 1, mc.num_kv_heads, mc.head_dim)
+
+
+def test_graph_segments_write_the_pool_themselves(off, monkeypatch):
+    """With the pool attached to the piecewise graphs (their segments run eagerly here, over the
+    same buffers), a pass on the pool launches no K/V copy of its own, and every scheme still
+    scores as without the cache, hits on what the segments wrote included; a pass over the
+    largest bucket runs eagerly and copies as before."""
+    from scorer.attention import kvpool
+    from scorer.models.graphs import GraphedDecoder
+    from scorer.runner import ModelRunner
+
+    runner = ModelRunner(off.runner.model, off.runner.backend)
+    runner.graphs = GraphedDecoder(off.runner.model, 128, capture=False)
+    mc = off.runner.model.config
+    cache = PrefixCache(700, mc.num_layers, mc.num_kv_heads, mc.head_dim, off.runner.dtype, off.device)
+    runner.capture_graphs(cache)
+    on = Engine(runner, off.tokenizer, EngineConfig(max_docs=64, max_doc_tokens=512), cache=cache)
+    copies, write = [], kvpool.CachePool.write
+    monkeypatch.setattr(kvpool.CachePool, "write", lambda pool, *a: copies.append(1) or write(pool, *a))
+    rng = random.Random(7)
+    context = [rng.randrange(VOCAB) for _ in range(20)]
+    for scheme in SCHEMES:
+        for own in (2, 8):
+            prompt = context + [rng.randrange(VOCAB) for _ in range(own)]
+            r = request(prompt, [[rng.randrange(VOCAB) for _ in range(n)] for n in (3, 5, 7)], scheme)
+            assert_close(on.score(r), off.score(r))
+    assert cache.stats["hit_tokens"] > 0 and not copies
+    big = request(context, [[rng.randrange(VOCAB) for _ in range(60)] for _ in range(3)], "ragged")
+    assert_close(on.score(big), off.score(big))
+    assert copies and runner.graphs.stats["eager_forwards"] > 0

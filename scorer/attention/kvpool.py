@@ -42,10 +42,14 @@ class CachePool:
     def __init__(self, k: torch.Tensor, v: torch.Tensor) -> None:
         self.k, self.v = k, v
 
+    def read(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``layer``'s pool, its pass's K/V written already (by the CUDA graphs)."""
+        return self.k[layer], self.v[layer]
+
     def write(
         self, layer: int, p: Pass, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        kp, vp = self.k[layer], self.v[layer]
+        kp, vp = self.read(layer)
         kp.index_copy_(0, slots, k)
         vp.index_copy_(0, slots, v)
         return kp, vp

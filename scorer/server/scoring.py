@@ -125,7 +125,7 @@ def ready_engine(settings) -> Engine:
     engine = settings.build_engine()
     if engine.device.type == "cuda" and settings.host_threads:
         torch.set_num_threads(settings.host_threads)
-    engine.runner.capture_graphs()
+    engine.runner.capture_graphs(engine.cache)
     warm_up(engine)
     runner = engine.runner
     metrics.MODEL_INFO.labels(
