@@ -29,7 +29,12 @@ def engines(checkpoint):
     assert off.runner.capture_graphs() > 0 and off.cache is None
     mc = off.runner.model.config
     cache = PrefixCache(3000, mc.num_layers, mc.num_kv_heads, mc.head_dim, torch.bfloat16, off.device)
-    return off, Engine(off.runner, off.tokenizer, off.config, cache=cache)
+    copies = Engine(off.runner, off.tokenizer, off.config, cache=cache)  # graphs without the pool
+    graphs = build_engine(
+        checkpoint, "flashinfer", "cuda", torch.bfloat16, EngineConfig(), prefix_cache_mib=64
+    )
+    assert graphs.runner.capture_graphs(graphs.cache) > 0  # the graphs write the pool themselves
+    return off, {"copies": copies, "graphs": graphs}
 
 
 def calls(scheme: str, seed: int, vocab: int) -> list[ScoreRequest]:
@@ -53,10 +58,15 @@ def calls(scheme: str, seed: int, vocab: int) -> list[ScoreRequest]:
     return out
 
 
+@pytest.mark.parametrize("writes", ["copies", "graphs"])
 @pytest.mark.parametrize("scheme", [*REGISTRY, "auto"])
-def test_every_scheme_on_cached_kv_scores_as_without_the_cache(engines, scheme):
-    off, on = engines
+def test_every_scheme_on_cached_kv_scores_as_without_the_cache(engines, scheme, writes, monkeypatch):
+    from scorer.attention import kvpool
+
+    off, on = engines[0], engines[1][writes]
     on.cache.clear()
+    copies, write = [], kvpool.CachePool.write
+    monkeypatch.setattr(kvpool.CachePool, "write", lambda pool, *a: copies.append(1) or write(pool, *a))
     reqs = calls(scheme, len(scheme), off.runner.model.config.vocab_size)
     want = [d.score for r in reqs for d in off.score(r).results]
     got, cached = [], 0
@@ -65,6 +75,7 @@ def test_every_scheme_on_cached_kv_scores_as_without_the_cache(engines, scheme):
             got += [d.score for d in r.results]
             cached += r.usage.cached_prompt_tokens
     assert cached == 2 * 192  # calls 2 and 4 read context 0; call 3 is the first of context 1
+    assert bool(copies) == (writes == "copies")
     worst = max(abs(a - b) for a, b in zip(got, want, strict=True))
     assert worst < TOL, f"{scheme}: max |cache on - cache off| = {worst:.4f}"
     pairs = [(i, j) for i in range(len(want)) for j in range(i) if abs(want[i] - want[j]) > TOL]
