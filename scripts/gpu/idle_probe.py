@@ -1,8 +1,8 @@
 """One A call on the serving engine (Settings as `scorer serve` builds it), alone, by variant: the
 prefix cache on/off, 0/2/20 ms since the last call (sleeping or spinning meanwhile), launch and
-collect on the calling thread or handed to worker threads as the batcher does, torch on 1 or 16
-threads, and with /dev/cpu_dma_latency held at 0 (CPUs kept out of deep idle states) where it
-can be opened. Median ms of the launch (host) and the whole call.
+collect on the calling thread or handed to worker threads as the batcher does, torch on 1 thread (PROBE_ALL=1:
+also 16, and /dev/cpu_dma_latency held at 0, CPUs kept out of deep idle states, where it can be
+opened). Median ms of the launch (host) and the whole call.
     python3 scripts/gpu/idle_probe.py CKPT A.jsonl OUT.json"""
 
 import json
@@ -71,14 +71,15 @@ def table(label: str) -> list[dict]:
 
 
 rows = table("1 thread")
-torch.set_num_threads(16)
-rows += table("16 threads")
-torch.set_num_threads(1)
-try:
-    fd = os.open("/dev/cpu_dma_latency", os.O_WRONLY)
-    os.write(fd, struct.pack("i", 0))
-    rows += table("cpu_dma_latency 0")
-    os.close(fd)
-except OSError as e:
-    print("no /dev/cpu_dma_latency:", e)
+if os.environ.get("PROBE_ALL") == "1":  # torch's threads and the CPUs' idle states: no effect seen
+    torch.set_num_threads(16)
+    rows += table("16 threads")
+    torch.set_num_threads(1)
+    try:
+        fd = os.open("/dev/cpu_dma_latency", os.O_WRONLY)
+        os.write(fd, struct.pack("i", 0))
+        rows += table("cpu_dma_latency 0")
+        os.close(fd)
+    except OSError as e:
+        print("no /dev/cpu_dma_latency:", e)
 Path(out).write_text(json.dumps(rows, indent=1))

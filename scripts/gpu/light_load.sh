@@ -4,15 +4,18 @@
 # time (bench.light_load: the answer's own queue/tokenize/forward beside the client's latency) with
 # 0 and 20 ms between calls, on cores 4-15 as served.sh; the SM clock sampled while it runs.
 #   bash scripts/gpu/light_load.sh      device: carry [".gpu", ".wheels"]
+#   env: GPU_TESTS=1 (scripts/gpu/test.sh first), ENGINE=0 (no engine run), CONFIGS ("" for none),
+#   PROBE=0 (no idle_probe.py), PROFILE=1 (launch_profile.py: cProfile of one call's launch)
 #   -> $OUT/light_load.json, light_load.md, engine.json, clocks.csv, server-*.log
 set -euo pipefail
 source scripts/gpu/env.sh
 use_wheels
+[ "${GPU_TESTS:-}" = 1 ] && { bash scripts/gpu/test.sh >/dev/null || echo "GPU tests failed" >&2; tail -1 "$OUT/gpu-tests.log"; }
 CKPT=/tmp/ckpt/qwen3-0.6b-random
 random_checkpoint "$CKPT"
 python3 -m loadtest.gen --out /tmp/A.jsonl --requests 400 --seed 1 --docs 10 --prompt-tokens 300 \
   --doc-tokens fixed:50 --token-ids --template plain >/dev/null
-CONFIGS=${CONFIGS-"fe0-threads0=--frontends 0 --host-threads 0;fe0=--frontends 0;fe0-nocache=--frontends 0 --prefix-cache-mib 0;fe4=--frontends 4"}
+CONFIGS=${CONFIGS-"fe0=--frontends 0;fe0-nocache=--frontends 0 --prefix-cache-mib 0;fe4=--frontends 4"}
 nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,utilization.gpu --format=csv -lms 200 \
   >"$OUT/clocks.csv" &
 smi=$!
@@ -36,6 +39,9 @@ for c in "${configs[@]}"; do
   kill -TERM $pid && wait $pid || true
   pid=
 done
+if [ "${PROFILE:-}" = 1 ]; then
+  taskset -c 4-15 timeout 120 python3 scripts/gpu/launch_profile.py "$CKPT" /tmp/A.jsonl "$OUT" 2>&1 | grep -v Warn | tail -2
+fi
 if [ "${PROBE:-1}" = 1 ]; then
   cat /sys/devices/system/cpu/cpu0/cpufreq/scaling_governor 2>/dev/null || echo "no cpufreq governor"
   { ls /sys/devices/system/cpu/cpu0/cpuidle; grep MHz /proc/cpuinfo | head -4; } 2>&1 || true
