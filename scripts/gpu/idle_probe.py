@@ -64,7 +64,15 @@ def table(label: str) -> list[dict]:
                     if engine.cache is not None:
                         engine.cache.clear()
                     la, to = run(cache, gap, spin, hops)
-                    row = dict(variant=label, cache=cache, gap_ms=gap * 1e3, spin=spin, hops=hops, launch_ms=la, total_ms=to)
+                    row = dict(
+                        variant=label,
+                        cache=cache,
+                        gap_ms=gap * 1e3,
+                        spin=spin,
+                        hops=hops,
+                        launch_ms=la,
+                        total_ms=to,
+                    )
                     print(json.dumps(row), flush=True)
                     rows.append(row)
     return rows

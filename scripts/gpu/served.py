@@ -31,12 +31,16 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1e3, 2)
 
 
+def _r(ms: float | None) -> str:
+    return "-" if ms is None else f"{ms:.1f}"
+
+
 def summary(out: Path, frontends: list[str]) -> int:
     engine = {r["workload"]: r for r in json.loads((out / "engine.json").read_text())["records"]}
     records, lines = [], []
     lines.append(
         "| workload | frontends | engine docs/s | served docs/s | served / engine | p50 @10% ms |"
-        " p99 @80% ms | engine idle p50 ms | lag p99 ms @80% |"
+        " p99 @80% ms | engine idle p50 ms (20 ms apart) | lag p99 ms @80% |"
     )
     lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for fe in frontends:
@@ -51,6 +55,7 @@ def summary(out: Path, frontends: list[str]) -> int:
                 "frontends": int(fe),
                 "engine_docs_s": ref.get("docs_s"),
                 "engine_idle_p50_ms": ref.get("idle_p50_ms"),
+                "engine_idle_spaced_p50_ms": ref.get("idle_spaced_p50_ms"),
                 "served_docs_s": round(top["achieved_docs_per_s"], 1),
                 "served_saturated": any(r["saturation"]["saturated"] for r in sweep["runs"]),
                 "served_p50_ms_10": _ms(low["latency_seconds"]["p50"]),
@@ -65,7 +70,8 @@ def summary(out: Path, frontends: list[str]) -> int:
             lines.append(
                 f"| {w} | {fe} | {rec['engine_docs_s']} | {rec['served_docs_s']}"
                 f"{'' if rec['served_saturated'] else ' (not saturated)'} | {rec['served_over_engine']} |"
-                f" {rec['served_p50_ms_10']} | {rec['served_p99_ms_80']} | {rec['engine_idle_p50_ms']} |"
+                f" {rec['served_p50_ms_10']} | {rec['served_p99_ms_80']} | {_r(rec['engine_idle_p50_ms'])}"
+                f" ({_r(rec['engine_idle_spaced_p50_ms'])}) |"
                 f" {rec['lag_p99_ms_80']} |"
             )
     by = {(r["frontends"], r["workload"]): r for r in records}

@@ -13,7 +13,7 @@
 #   server also on --http-port 8080, and A-text's calls sent to it as Cohere /v2/rerank too:
 #   workload "A-text-cohere", issue 13's HTTP against gRPC on the same calls), SWEEP (rates of every
 #   workload's sweep instead of its own), ENGINE=0 (no engine run: served.json without the reference)
-#   -> $OUT/served.json, served.md, engine.json, reports.tgz, server-*.log
+#   -> $OUT/served.json, served.md, engine.json, light_load.json, reports.tgz, server-*.log
 set -euo pipefail
 source scripts/gpu/env.sh
 use_wheels
@@ -23,8 +23,9 @@ WORKLOADS="${WORKLOADS:-A E A-text}"
 STEP="${STEP:-4}"
 CKPT=/tmp/ckpt/qwen3-0.6b-random
 random_checkpoint "$CKPT"
-declare -A RATES=([A]="350,450,500,550,600,700" [E]="200,250,275,300,325,350"
-  [A-text]="250,300,350,400,450,500" [A-text-cohere]="250,300,350,400,450,500")
+# steps ~6% apart around 0.9 of the engine's rate (A ~530 calls/s, E ~310, A-text ~430)
+declare -A RATES=([A]="400,440,470,500,530,560" [E]="240,255,270,285,300,315,330"
+  [A-text]="320,345,370,395,420,445" [A-text-cohere]="320,345,370,395,420,445")
 declare -A GEN=([A]="--docs 10 --prompt-tokens 300 --doc-tokens fixed:50 --token-ids --template plain"
   [E]="--docs 20 --prompt-tokens 200 --doc-tokens fixed:60 --token-ids --template plain"
   [A-text]="--docs 10 --prompt-tokens 300 --doc-tokens fixed:50")
@@ -83,6 +84,9 @@ for fe in $FRONTENDS; do
     done
     pack
   done
+  # a call's time by stage at light load, one at a time (bench.light_load): where p50 at 10% goes
+  [ -f /tmp/A.jsonl ] && taskset -c 0-3 timeout 60 python3 -m bench.light_load --requests /tmp/A.jsonl \
+    --gap-ms 0,20 --calls 80 --label "frontends $fe" --out "$OUT" || true
   if [ "${PROFILE:-}" = 1 ] && [ "$fe" = "${FRONTENDS##* }" ]; then
     rate=$(python3 scripts/gpu/served.py share "$OUT/fe$fe/A/sweep" 0.9)
     taskset -c 0-3 python3 -m loadtest.run --target 127.0.0.1:50051 --requests /tmp/A.jsonl --rate "$rate" \

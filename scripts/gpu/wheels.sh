@@ -2,7 +2,7 @@
 # Run here (not on the GPU machine): downloads into .wheels/ (git-ignored) the wheels of the HTTP
 # stack that the GPU image lacks, at this venv's exact versions, for its Python 3.12 on x86_64:
 # the server's FastAPI on uvicorn (with httptools, uvicorn's fast parser) and the load tool's
-# aiohttp client (--api cohere|jina|tei), pyzmq (the front-end processes), py-spy (profiles), with every dependency of theirs: the image has torch,
+# aiohttp client (--api cohere|jina|tei), py-spy (profiles), with every dependency of theirs: the image has torch,
 # grpcio, protobuf, prometheus-client, transformers and numpy, and may have typing-extensions,
 # anyio, h11, idna, click or attrs (through torch, transformers' huggingface-hub, hypothesis) but at
 # versions unknown here (pydantic and anyio want typing-extensions >= 4.16), so ours travel too and
@@ -13,7 +13,7 @@ cd "$(dirname "$0")/../.."
 PY="${1:-.venv/bin/python}"
 PACKAGES="fastapi starlette pydantic pydantic-core annotated-types typing-inspection annotated-doc
   typing-extensions opentelemetry-api anyio idna uvicorn h11 click httptools
-  aiohttp aiohappyeyeballs aiosignal attrs frozenlist multidict propcache yarl pyzmq py-spy"
+  aiohttp aiohappyeyeballs aiosignal attrs frozenlist multidict propcache yarl py-spy"
 # every requirement of theirs (for Python 3.12 on Linux, no extras) must be in the list
 mapfile -t PINS < <("$PY" - $PACKAGES <<'PY'
 import sys
