@@ -19,9 +19,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 
-from .base import I32, AttentionCall, Pass, Plan, indptr, logical_bases, ranges
+from .base import AttentionCall, Pass, Plan, logical_bases
 from .packbits import pack_segments, unpack_segment
 
 
@@ -44,25 +45,29 @@ NO_HIT = PrefixHit(torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch
 def on_pool(plan: Plan, hits: Sequence[PrefixHit], scratch: Callable[[int], torch.Tensor]) -> Plan:
     """``plan`` (of the uncached shapes) on the pool: ``hits`` per request of the plan (plan
     order); ``scratch(n)`` gives ``n`` free pool slots for the rows that are not being cached.
-    Vectorised over requests and rows: a batch holds hundreds of requests."""
-    bases = torch.tensor(logical_bases(plan.shapes), dtype=torch.int64)
-    prefix = torch.tensor([s.prefix_len for s in plan.shapes], dtype=torch.int64)
+    Vectorised over requests and rows in numpy (a batch holds hundreds of requests; torch's CPU
+    ops cost microseconds each, numpy's a tenth of that, and this runs before a batch's first
+    kernel can start)."""
+    bases = np.asarray(logical_bases(plan.shapes), dtype=np.int64)
+    prefix = np.fromiter((s.prefix_len for s in plan.shapes), dtype=np.int64, count=len(plan.shapes))
     total = sum(s.num_tokens for s in plan.shapes)
-    owner = torch.full((total,), -1, dtype=torch.int64)  # the request whose prompt a token is of
-    owner[ranges(bases, prefix)] = torch.repeat_interleave(torch.arange(len(prefix)), prefix)
-    n_insert = torch.minimum(torch.tensor([len(h.insert) for h in hits], dtype=torch.int64), prefix)
-    insert_slot = torch.full((total,), -1, dtype=torch.int64)
-    insert_slot[ranges(bases, n_insert)] = torch.cat(
-        [h.insert[:n] for h, n in zip(hits, n_insert.tolist(), strict=True)]
-    )
-    logical = torch.cat([p.logical for p in plan.passes])  # the plan's slot space, pass by pass
+    owner = np.full(total, -1, dtype=np.int64)  # the request whose prompt a token is of
+    owner[_ranges(bases, prefix)] = np.repeat(np.arange(len(prefix)), prefix)
+    n_insert = np.minimum(np.fromiter((len(h.insert) for h in hits), dtype=np.int64, count=len(hits)), prefix)
+    insert_slot = np.full(total, -1, dtype=np.int64)
+    if len(hits):
+        insert_slot[_ranges(bases, n_insert)] = np.concatenate(
+            [h.insert.numpy()[:n] for h, n in zip(hits, n_insert.tolist(), strict=True)]
+        )
+    logical = np.concatenate([p.logical.numpy() for p in plan.passes])  # the plan's slot space
     is_insert = _first_occurrences(logical, insert_slot[logical] >= 0)
-    slot_of = torch.empty(len(logical), dtype=torch.int64)
+    slot_of = np.empty(len(logical), dtype=np.int64)
     slot_of[is_insert] = insert_slot[logical[is_insert]]
-    slot_of[~is_insert] = scratch(int((~is_insert).sum()))
+    slot_of[~is_insert] = scratch(int((~is_insert).sum())).numpy()
+    counts = np.fromiter((h.num_cached for h in hits), dtype=np.int64, count=len(hits))
     cached = Cached(
-        torch.cat([h.cached for h in hits]),
-        torch.tensor([0] + [h.num_cached for h in hits], dtype=torch.int64).cumsum(0),
+        np.concatenate([h.cached.numpy() for h in hits]) if len(hits) else np.zeros(0, dtype=np.int64),
+        np.concatenate([[0], np.cumsum(counts)]),
         owner[logical],
     )
     passes, at = [], 0
@@ -70,7 +75,7 @@ def on_pool(plan: Plan, hits: Sequence[PrefixHit], scratch: Callable[[int], torc
         if p.slot_offset != at:
             raise ValueError("on_pool expects passes whose slots follow each other")
         calls = tuple(_call(c, slot_of, cached) for c in p.calls)
-        passes.append(Pass(p.logical, 0, calls, slots=slot_of[at : at + p.num_rows]))
+        passes.append(Pass(p.logical, 0, calls, slots=torch.from_numpy(slot_of[at : at + p.num_rows])))
         at += p.num_rows
     return replace(plan, passes=tuple(passes))
 
@@ -78,44 +83,62 @@ def on_pool(plan: Plan, hits: Sequence[PrefixHit], scratch: Callable[[int], torc
 @dataclass(frozen=True)
 class Cached:
     """The cached slots of every request, flat (request ``r``'s at ``start[r]..start[r + 1]``),
-    and the request whose prompt each plan slot holds (-1: not a prompt's)."""
+    and the request whose prompt each plan slot holds (-1: not a prompt's); numpy int64."""
 
-    slots: torch.Tensor
-    start: torch.Tensor
-    slot_owner: torch.Tensor
+    slots: np.ndarray
+    start: np.ndarray
+    slot_owner: np.ndarray
 
 
-def _first_occurrences(logical: torch.Tensor, candidate: torch.Tensor) -> torch.Tensor:
+def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``concatenate([arange(s, s + n) for s, n in zip(starts, lengths)])`` (``planning.ranges``
+    in numpy)."""
+    ends = np.cumsum(lengths)
+    return np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64) + np.repeat(
+        starts - (ends - lengths), lengths
+    )
+
+
+def _first_occurrences(logical: np.ndarray, candidate: np.ndarray) -> np.ndarray:
     """Rows among ``candidate`` that hold the first copy of their logical token (naive computes
     the prompt once per doc; one copy is cached)."""
-    idx = candidate.nonzero().flatten()
-    order = torch.sort(logical[idx], stable=True)
-    head = torch.ones(len(idx), dtype=torch.bool)
-    head[1:] = order.values[1:] != order.values[:-1]
-    first = torch.zeros(len(logical), dtype=torch.bool)
-    first[idx[order.indices[head]]] = True
+    idx = np.flatnonzero(candidate)
+    order = np.argsort(logical[idx], kind="stable")
+    values = logical[idx][order]
+    head = np.ones(len(idx), dtype=bool)
+    head[1:] = values[1:] != values[:-1]
+    first = np.zeros(len(logical), dtype=bool)
+    first[idx[order[head]]] = True
     return first
 
 
-def _call(c: AttentionCall, slot_of: torch.Tensor, cached: Cached) -> AttentionCall:
+def _i32(a: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(a.astype(np.int32))
+
+
+def _call(c: AttentionCall, slot_of: np.ndarray, cached: Cached) -> AttentionCall:
     """``c`` with its K/V named by pool slot, the cached prompt in front of each request that
     reads its prompt (its K/V list starts with one of the prompt's slots)."""
-    kv_lens = (c.kv_indptr[1:] - c.kv_indptr[:-1]).long()
-    kv = c.kv_indices.long()
-    first = kv[c.kv_indptr[:-1].long().clamp(max=max(len(kv) - 1, 0))]
-    reader = cached.slot_owner[first]  # per request: whose prompt it starts with, or -1
+    ptr = c.kv_indptr.numpy().astype(np.int64)
+    kv_lens = ptr[1:] - ptr[:-1]
+    kv = c.kv_indices.numpy().astype(np.int64)
+    first = (
+        kv[np.minimum(ptr[:-1], max(len(kv) - 1, 0))] if len(kv) else np.zeros(len(kv_lens), dtype=np.int64)
+    )
+    reader = cached.slot_owner[first] if len(kv) else np.full(len(kv_lens), -1, dtype=np.int64)
     reads = reader >= 0
-    start = torch.where(reads, cached.start[reader.clamp(min=0)], 0)
-    extra = torch.where(reads, cached.start[reader.clamp(min=0) + 1] - start, 0)
-    if not bool(extra.any()):
-        return replace(c, kv_indices=slot_of[kv].to(I32))
-    new_ptr = indptr((kv_lens + extra).tolist()).long()
-    out = torch.empty(int(new_ptr[-1]), dtype=torch.int64)
-    out[ranges(new_ptr[:-1], extra)] = cached.slots[ranges(start, extra)]
-    out[ranges(new_ptr[:-1] + extra, kv_lens)] = slot_of[kv]
+    owner = np.maximum(reader, 0)
+    start = np.where(reads, cached.start[owner], 0)
+    extra = np.where(reads, cached.start[owner + 1] - start, 0)
+    if not extra.any():
+        return replace(c, kv_indices=_i32(slot_of[kv]))
+    new_ptr = np.concatenate([[0], np.cumsum(kv_lens + extra)])
+    out = np.empty(int(new_ptr[-1]), dtype=np.int64)
+    out[_ranges(new_ptr[:-1], extra)] = cached.slots[_ranges(start, extra)]
+    out[_ranges(new_ptr[:-1] + extra, kv_lens)] = slot_of[kv]
     multi_item, custom_mask = c.multi_item, c.custom_mask
     if multi_item is not None:
-        multi_item = replace(multi_item, prefix_len=multi_item.prefix_len + extra.to(I32))
+        multi_item = replace(multi_item, prefix_len=multi_item.prefix_len + _i32(extra))
     if custom_mask is not None:
         q_lens = (c.qo_indptr[1:] - c.qo_indptr[:-1]).tolist()
         masks = [
@@ -126,5 +149,5 @@ def _call(c: AttentionCall, slot_of: torch.Tensor, cached: Cached) -> AttentionC
         ]
         custom_mask = pack_segments(masks)
     return replace(
-        c, kv_indptr=new_ptr.to(I32), kv_indices=out.to(I32), multi_item=multi_item, custom_mask=custom_mask
+        c, kv_indptr=_i32(new_ptr), kv_indices=_i32(out), multi_item=multi_item, custom_mask=custom_mask
     )
