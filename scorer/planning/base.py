@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import torch
 
 MAX_ITEM_LEN = 65535  # token_pos_in_items is uint16 in FlashInfer
@@ -257,6 +258,22 @@ def ranges(starts: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     ends = lengths.cumsum(0)
     offset = torch.repeat_interleave(starts.long() - (ends - lengths), lengths)
     return torch.arange(int(ends[-1]) if len(ends) else 0, dtype=torch.int64) + offset
+
+
+def np_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``ranges`` in numpy: the planners' hot paths, where torch's per-op cost on small CPU
+    tensors (microseconds each) is most of the work."""
+    ends = np.cumsum(lengths)
+    return np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64) + np.repeat(
+        starts - (ends - lengths), lengths
+    )
+
+
+def np_indptr(lengths: np.ndarray) -> torch.Tensor:
+    """``indptr`` of a numpy array of lengths."""
+    out = np.zeros(len(lengths) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=out[1:])
+    return torch.from_numpy(out)
 
 
 def multi_item_meta(prefix_lens: Sequence[int], items_per_request: Sequence[Sequence[int]]) -> MultiItem:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from .base import AttentionCall, Pass, Plan, logical_bases
+from .base import AttentionCall, Pass, Plan, logical_bases, np_ranges
 from .packbits import pack_segments, unpack_segment
 
 
@@ -52,11 +52,11 @@ def on_pool(plan: Plan, hits: Sequence[PrefixHit], scratch: Callable[[int], torc
     prefix = np.fromiter((s.prefix_len for s in plan.shapes), dtype=np.int64, count=len(plan.shapes))
     total = sum(s.num_tokens for s in plan.shapes)
     owner = np.full(total, -1, dtype=np.int64)  # the request whose prompt a token is of
-    owner[_ranges(bases, prefix)] = np.repeat(np.arange(len(prefix)), prefix)
+    owner[np_ranges(bases, prefix)] = np.repeat(np.arange(len(prefix)), prefix)
     n_insert = np.minimum(np.fromiter((len(h.insert) for h in hits), dtype=np.int64, count=len(hits)), prefix)
     insert_slot = np.full(total, -1, dtype=np.int64)
     if len(hits):
-        insert_slot[_ranges(bases, n_insert)] = np.concatenate(
+        insert_slot[np_ranges(bases, n_insert)] = np.concatenate(
             [h.insert.numpy()[:n] for h, n in zip(hits, n_insert.tolist(), strict=True)]
         )
     logical = np.concatenate([p.logical.numpy() for p in plan.passes])  # the plan's slot space
@@ -88,15 +88,6 @@ class Cached:
     slots: np.ndarray
     start: np.ndarray
     slot_owner: np.ndarray
-
-
-def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """``concatenate([arange(s, s + n) for s, n in zip(starts, lengths)])`` (``planning.ranges``
-    in numpy)."""
-    ends = np.cumsum(lengths)
-    return np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64) + np.repeat(
-        starts - (ends - lengths), lengths
-    )
 
 
 def _first_occurrences(logical: np.ndarray, candidate: np.ndarray) -> np.ndarray:
@@ -134,8 +125,8 @@ def _call(c: AttentionCall, slot_of: np.ndarray, cached: Cached) -> AttentionCal
         return replace(c, kv_indices=_i32(slot_of[kv]))
     new_ptr = np.concatenate([[0], np.cumsum(kv_lens + extra)])
     out = np.empty(int(new_ptr[-1]), dtype=np.int64)
-    out[_ranges(new_ptr[:-1], extra)] = cached.slots[_ranges(start, extra)]
-    out[_ranges(new_ptr[:-1] + extra, kv_lens)] = slot_of[kv]
+    out[np_ranges(new_ptr[:-1], extra)] = cached.slots[np_ranges(start, extra)]
+    out[np_ranges(new_ptr[:-1] + extra, kv_lens)] = slot_of[kv]
     multi_item, custom_mask = c.multi_item, c.custom_mask
     if multi_item is not None:
         multi_item = replace(multi_item, prefix_len=multi_item.prefix_len + _i32(extra))

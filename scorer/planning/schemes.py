@@ -14,10 +14,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
+import numpy as np
 import torch
 
 from .base import (
-    I32,
     AttentionCall,
     ItemLoc,
     Pass,
@@ -26,11 +26,11 @@ from .base import (
     Shape,
     arange,
     call,
-    indptr,
     item_offsets,
     logical_bases,
     multi_item_meta,
-    ranges,
+    np_indptr,
+    np_ranges,
 )
 from .packbits import multi_item_mask_packed
 from .split import extend_groups, extend_one_group, extend_per_item
@@ -266,16 +266,13 @@ def _shared_prefix_groups(shapes: Sequence[Shape], group_size: int | None) -> Pl
             groups.append((base, s.prefix_len, starts[g], sum(lens), g == 0))
             mi_prefix.append(s.prefix_len)
             mi_items.append(list(lens))
-    base, prefix, first, own, lead = (
-        torch.tensor(col, dtype=torch.int64) for col in zip(*groups, strict=True)
-    )
+    base, prefix, first, own, lead = np.array(groups, dtype=np.int64).T
     q_lens = own + prefix * lead
-    kv = ranges(torch.stack([base, first], 1).flatten(), torch.stack([prefix, own], 1).flatten())
+    kv = np_ranges(np.stack([base, first], 1).ravel(), np.stack([prefix, own], 1).ravel())
     meta = multi_item_meta(mi_prefix, mi_items) if group_size != 1 else None
     total = sum(s.num_tokens for s in shapes)
-    c = AttentionCall(
-        0, total, indptr(q_lens.tolist()), indptr((prefix + own).tolist()), kv.to(I32), True, meta
-    )
+    kv_ids = torch.from_numpy(kv.astype(np.int32))
+    c = AttentionCall(0, total, np_indptr(q_lens), np_indptr(prefix + own), kv_ids, True, meta)
     return Plan((Pass(torch.arange(total, dtype=torch.int64), 0, (c,)),), tuple(items), tuple(shapes))
 
 
