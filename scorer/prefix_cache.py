@@ -87,6 +87,9 @@ class Lease:
         self.cache.end(self, keep_written=False)
 
 
+SPARE_SLOTS = 256
+
+
 class PoolFull(RuntimeError):
     """The batch does not fit the pool beside what batches in flight hold; it runs off the cache."""
 
@@ -107,9 +110,10 @@ class PrefixCache:
         self.capacity, self.block = capacity // block * block, block
         capacity = self.capacity
         self.slot_bytes = slot_bytes(num_layers, num_kv_heads, head_dim, dtype)
-        # one slot more than the blocks hold: ``spare``, where a CUDA graph that writes every row
-        # of its bucket to the pool puts the rows no pass owns (see GraphedDecoder.attach_pool)
-        shape = (num_layers, capacity + 1, num_kv_heads, head_dim)
+        # SPARE_SLOTS slots more than the blocks hold, from ``spare`` on: where a CUDA graph that
+        # writes every row of its bucket to the pool puts the rows no pass owns, spread over them
+        # (thousands of rows stored to one address would queue up; see GraphedDecoder.attach_pool)
+        shape = (num_layers, capacity + SPARE_SLOTS, num_kv_heads, head_dim)
         self.spare = capacity
         self.k = torch.empty(shape, dtype=dtype, device=device)
         self.v = torch.empty(shape, dtype=dtype, device=device)

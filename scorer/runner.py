@@ -15,7 +15,7 @@ from .devices import to_device
 from .models.decoder import DecoderLM
 from .models.graphs import GraphedDecoder
 from .planning import Plan
-from .prefix_cache import PrefixCache
+from .prefix_cache import SPARE_SLOTS, PrefixCache
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class ModelRunner:
         if self.graphs is None:
             return 0.0
         if cache is not None:
-            self.graphs.attach_pool(cache.k, cache.v, cache.spare)
+            self.graphs.attach_pool(cache.k, cache.v, cache.spare, SPARE_SLOTS)
         try:
             return self.graphs.warm_up()
         except torch.OutOfMemoryError as e:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from scorer import metrics
 from scorer.engine import Engine, EngineConfig
 from scorer.planning import REGISTRY
-from scorer.prefix_cache import BLOCK, PrefixCache
+from scorer.prefix_cache import BLOCK, SPARE_SLOTS, PrefixCache
 from scorer.request import Doc, ScoreOptions, ScoreRequest
 from scorer.runtime import build_engine
 
@@ -252,7 +252,7 @@ def test_the_pool_is_sized_in_mib_and_zero_turns_it_off(off):
     assert PrefixCache.for_model(0, mc, torch.float32, off.device) is None
     cache = PrefixCache.for_model(1, mc, torch.float32, off.device)
     assert cache.capacity == 2**20 // cache.slot_bytes
-    assert cache.k.shape == (mc.num_layers, cache.capacity + 1, mc.num_kv_heads, mc.head_dim)
+    assert cache.k.shape == (mc.num_layers, cache.capacity + SPARE_SLOTS, mc.num_kv_heads, mc.head_dim)
 
 
 def test_graph_segments_write_the_pool_themselves(off, monkeypatch):

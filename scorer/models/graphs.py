@@ -10,9 +10,10 @@ RoPE), captured once per token-count bucket; the planned attention runs eagerly 
 A forward is then ``L + 1`` graph replays and ``L`` attention calls.
 
 With the prefix cache's pool attached (``attach_pool``), segment ``i`` also writes layer ``i``'s
-K/V to the pool at the slots of a static buffer (each pass's ``slots``, the padding rows and a
-pass off the pool to the pool's spare slot): a pass on the pool then launches no copies of its
-own (two per layer, ~0.8 ms of host time in a 28-layer forward of one call).
+K/V to the pool at the slots of a static buffer (each pass's ``slots``; the padding rows and a
+pass off the pool to the pool's spare slots, spread so that no address takes thousands of
+stores): a pass on the pool then launches no copies of its own (two per layer, ~0.8 ms of host
+time in a 28-layer forward of one call).
 
 Inputs and outputs of the segments live in buffers allocated once for the largest bucket; a
 request of ``T`` tokens runs in the smallest bucket ``>= T`` and its rows ``T..bucket`` are
@@ -77,15 +78,17 @@ class GraphedDecoder:
         self._segments: dict[int, list[Callable[[], None]]] = {}
         self.pool: tuple[torch.Tensor, torch.Tensor] | None = None
         self.slots: torch.Tensor | None = None
-        self.spare = 0
+        self.spare: torch.Tensor | None = None
 
-    def attach_pool(self, k: torch.Tensor, v: torch.Tensor, spare: int) -> None:
+    def attach_pool(self, k: torch.Tensor, v: torch.Tensor, spare: int, spare_slots: int) -> None:
         """Write every layer's K/V to ``k``/``v`` [layers, slots, Hkv, D] too (before ``warm_up``);
-        rows with no slot of their own go to slot ``spare``."""
+        row ``r`` with no slot of its own goes to slot ``spare + r % spare_slots``."""
         if self._segments:
             raise RuntimeError("attach the pool before the graphs are captured")
-        self.pool, self.spare = (k, v), spare
-        self.slots = torch.full((self.max_tokens,), spare, dtype=torch.long, device=self.ids.device)
+        self.pool = (k, v)
+        rows = torch.arange(self.max_tokens, device=self.ids.device)
+        self.spare = spare + rows % spare_slots
+        self.slots = self.spare.clone()
 
     def writes_pool(self, k: torch.Tensor, n: int) -> bool:
         """Does a pass of ``n`` rows write its K/V to the pool ``k`` (the attached one, graphed)?"""
@@ -166,7 +169,7 @@ class GraphedDecoder:
     ) -> torch.Tensor:
         """As ``DecoderLM.forward_hidden``; ``attn`` is called with ``out=`` a buffer to fill.
         With a pool attached, ``pool_slots`` [T] are where the rows' K/V go (None: nowhere, the
-        spare slot); the graphs write them before each ``attn`` call (eager passes do not)."""
+        spare slots); the graphs write them before each ``attn`` call (eager passes do not)."""
         n = input_ids.shape[0]
         b = self.bucket(n)
         if b is None or not self._segments:
@@ -176,10 +179,10 @@ class GraphedDecoder:
         self.pos[:n].copy_(positions)
         if self.slots is not None:
             if pool_slots is None:
-                self.slots[:b].fill_(self.spare)
+                self.slots[:b].copy_(self.spare[:b])
             else:
                 self.slots[:n].copy_(pool_slots)
-                self.slots[n:b].fill_(self.spare)
+                self.slots[n:b].copy_(self.spare[n:b])
         segments = self._segments[b]
         for layer, run in enumerate(segments[:-1]):
             run()
