@@ -20,6 +20,7 @@ import logging
 from wsgiref.simple_server import WSGIServer
 
 import grpc
+import torch
 from grpc_health.v1 import health_pb2
 from ray import serve
 from ray.serve import Application, Deployment
@@ -29,6 +30,7 @@ from ray.serve.grpc_util import RayServegRPCContext
 from . import metrics
 from .server.app import LOG_FORMAT, SCORER_SERVICE
 from .server.calls import RequestIdFilter
+from .server.frontends import EngineProcess
 from .server.handler import CallHandler, Metadata, earliest, expired_code, sent_timeout
 from .server.http import build_app as build_http_app
 from .server.scoring import ScoringService, ready_engine
@@ -108,18 +110,28 @@ class ScorerDeployment:
     HTTP rerank routes are its ingress (built once the replica is up)."""
 
     async def __init__(self, args: dict | None = None) -> None:
-        self.settings = Settings(**ScorerArgs.model_validate(args or {}).model_dump())
-        _configure_logging(self.settings.log_level)
-        engine = await asyncio.to_thread(ready_engine, self.settings)
+        self.settings = s = Settings(**ScorerArgs.model_validate(args or {}).model_dump())
+        _configure_logging(s.log_level)
         self.handler = CallHandler()
-        self.service = self.handler.service = ScoringService(
-            engine, self.settings.batch_policy(), self.settings.knobs()
-        )
-        self.service.start()
         self._closing = False
-        self._metrics_http, self._metrics_port = _serve_metrics(self.settings)
+        self._engine: EngineProcess | None = None
+        if engine_in_child(s):
+            self._engine = EngineProcess(s)
+            self.service = await self._engine.start()
+        else:
+            self.service = ScoringService(
+                await asyncio.to_thread(ready_engine, s), s.batch_policy(), s.knobs()
+            )
+            self.service.start()
+        self.handler.service = self.service
+        self._metrics_http, self._metrics_port = _serve_metrics(s, self._engine.dir if self._engine else None)
         metrics.READY.set(1)
-        log.info("SERVING %s; metrics on port %s", engine.model_name, self._metrics_port or "off")
+        log.info(
+            "SERVING %s%s; metrics on port %s",
+            self.service.engine.model_name,
+            f" (engine in process {self._engine.proc.pid})" if self._engine else "",
+            self._metrics_port or "off",
+        )
 
     async def ScoreDocs(
         self, request: pb.ScoreDocsRequest, grpc_context: RayServegRPCContext | None = None
@@ -154,6 +166,11 @@ class ScorerDeployment:
             echo_request_id=False,  # Serve's proxy answers with the call's id
         )
 
+    def check_health(self) -> None:
+        """Serve's health check: a replica whose engine process died is replaced."""
+        if self._engine is not None and not self._engine.alive():
+            raise RuntimeError("the replica's engine process is gone")
+
     def metrics_port(self) -> int:
         """The port this replica's /metrics listens on; 0 when off."""
         return self._metrics_port
@@ -164,6 +181,8 @@ class ScorerDeployment:
         metrics.READY.set(0)
         if (service := getattr(self, "service", None)) is not None:
             await service.close()
+        if (engine := getattr(self, "_engine", None)) is not None:
+            await engine.close()
         if (server := getattr(self, "_metrics_http", None)) is not None:
             server.shutdown()
 
@@ -181,13 +200,22 @@ def deployment_for(args: ScorerArgs) -> Deployment:
     return ScorerDeployment.options(max_ongoing_requests=args.max_queue)
 
 
-def _serve_metrics(args: Settings) -> tuple[WSGIServer | None, int]:
-    """Start /metrics on the first free port from ``args.metrics_port``; (server, port) or (None, 0)."""
+def engine_in_child(args: Settings) -> bool:
+    """``engine_process``: auto is on with the model on a GPU (where planning and launching batches
+    is what the replica's interpreter must not share), off on the CPU."""
+    if args.engine_process != "auto":
+        return args.engine_process == "on"
+    return (args.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
+
+
+def _serve_metrics(args: Settings, multiprocess_dir: str | None = None) -> tuple[WSGIServer | None, int]:
+    """Start /metrics on the first free port from ``args.metrics_port`` (with the engine process's
+    metrics from ``multiprocess_dir``); (server, port) or (None, 0)."""
     if not args.metrics_port:
         return None, 0
     for port in range(args.metrics_port, args.metrics_port + args.metrics_port_tries):
         try:
-            return metrics.serve_http(port, args.metrics_host), port
+            return metrics.serve_http(port, args.metrics_host, multiprocess_dir), port
         except OSError:
             continue
     log.warning(

@@ -221,6 +221,14 @@ class Settings:
         metavar="N|auto",
         check=_count_or_auto,
     )
+    engine_process: str = setting(
+        "auto",
+        "the replica's engine (model, batcher, device work) in a child process of its own, the"
+        " replica's process only taking Ray's calls and tokenizing: on, off, or auto (on with the"
+        " model on a GPU)",
+        choices=("auto", "on", "off"),
+        scopes=(RAY,),
+    )
     api_key: str | None = setting(
         None, "HTTP: require Authorization: Bearer KEY (default: no key asked)", metavar="KEY"
     )

@@ -1,6 +1,7 @@
 """Deadlines and faults on Ray Serve: a second application on the session's Ray whose replica
 sleeps SLOW_FORWARD_S before every forward batch (the forward-delay test knob), so calls wait in
-the replica's queue behind a batch.
+the replica's queue behind a batch; once with the engine in the replica's process, once in a child
+process of its own (``engine_process``, on by default with a GPU).
 
 - The client's deadline reaches the replica as ``x-timeout-ms`` metadata (Ray's proxy drops gRPC
   deadlines): a call whose deadline passes while queued is answered DEADLINE_EXCEEDED by the
@@ -16,6 +17,7 @@ import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 import pytest
@@ -23,6 +25,8 @@ from ray import serve
 from ray_app import APP, DIED, Load, RayApp, free_port, replica_pids, scrape, wait_for_applications
 
 from scorer.ray_serve import ScorerArgs, ScorerDeployment
+from scorer.runtime import build_engine
+from scorer.server.convert import request_from_proto
 from scorer.v1 import scorer_pb2 as pb
 from scorer.v1 import scorer_pb2_grpc
 
@@ -36,6 +40,7 @@ pytestmark = pytest.mark.slow
 class SlowApp:
     channel: grpc.Channel
     metrics_url: str
+    engine_process: bool
 
     def stub(self) -> scorer_pb2_grpc.ScorerStub:
         return scorer_pb2_grpc.ScorerStub(self.channel)
@@ -50,11 +55,12 @@ class SlowApp:
             time.sleep(0.02)
 
 
-@pytest.fixture(scope="module")
-def slow_app(ray_app: RayApp) -> Iterator[SlowApp]:
+@pytest.fixture(scope="module", params=["off", "on"], ids=["engine-in-replica", "engine-process"])
+def slow_app(ray_app: RayApp, request) -> Iterator[SlowApp]:
     args = ScorerArgs(
         model=str(ray_app.model_dir),
         device="cpu",
+        engine_process=request.param,
         max_wait_ms=0,
         debug_forward_delay_ms=SLOW_FORWARD_S * 1e3,
         metrics_host="127.0.0.1",
@@ -67,7 +73,7 @@ def slow_app(ray_app: RayApp) -> Iterator[SlowApp]:
     with grpc.insecure_channel(ray_app.grpc_target) as channel:
         wait_for_applications(channel, {APP, SLOW})
         try:
-            yield SlowApp(channel, f"http://127.0.0.1:{port}/metrics")
+            yield SlowApp(channel, f"http://127.0.0.1:{port}/metrics", request.param == "on")
         finally:
             serve.delete(SLOW)
             wait_for_applications(channel, {APP})  # the other Ray tests call without application metadata
@@ -107,6 +113,18 @@ def test_a_deadline_sent_as_metadata_drops_the_call_queued_in_the_replica(slow_a
     assert slow_app.metric("scorer_batch_requests_sum") == computed + 1  # the blocker alone was computed
 
 
+def test_scores_equal_the_engine_alone(slow_app, ray_app):
+    """Through the replica, with its engine in the replica's process or in its own, a call scores
+    as the engine alone scores it (the engine process's metrics reach the replica's /metrics: the
+    test above counted its batches and drops there)."""
+    engine = build_engine(ray_app.model_dir, device="cpu")
+    docs = [pb.Doc(text=f"document number {i}") for i in range(3)]
+    request = pb.ScoreDocsRequest(prompt="which one", docs=docs, options=pb.ScoreOptions(scheme="ragged"))
+    reply = slow_app.stub().ScoreDocs(request, metadata=ROUTED, timeout=30)
+    want = engine.score(request_from_proto(request, "alone"))
+    assert [r.score for r in reply.results] == pytest.approx([d.score for d in want.results], abs=1e-4)
+
+
 DEADLINE_S = 5.0
 RATE = 10.0  # calls/s: ~10 queued behind each 1 s batch, so calls are on the replica when it dies
 RECOVERED_S = 5.0  # the load runs this long after the new replica's first answer
@@ -118,6 +136,8 @@ def test_a_replica_killed_under_load_fails_its_calls_in_time_and_serves_again(sl
     those sent meanwhile wait in Ray's router for a replica (DEADLINE_EXCEEDED at the client's
     deadline if none comes in time); Serve starts a new replica and the calls then succeed."""
     (pid,) = replica_pids(SLOW)
+    engines = engine_pids(pid)
+    assert len(engines) == slow_app.engine_process
     with Load(slow_app.stub(), lambda i: _request(f"load-{i}"), SLOW, DEADLINE_S, period_s=1 / RATE) as load:
         time.sleep(3.0)
         os.kill(pid, signal.SIGKILL)
@@ -142,3 +162,51 @@ def test_a_replica_killed_under_load_fails_its_calls_in_time_and_serves_again(sl
     assert new_pid != pid
     last = [c for c in calls if c.sent > calls[-1].sent - 2.0]
     assert all(c.code == grpc.StatusCode.OK for c in last), [c.code for c in last]
+    assert not any(Path(f"/proc/{e}").exists() for e in engines)  # the engine went with its replica
+
+
+def test_a_replica_whose_engine_process_dies_is_replaced(slow_app):
+    """SIGKILL to the engine process alone: the calls on it fail UNAVAILABLE at once (its
+    connection closed), Serve's health check finds the replica unhealthy and replaces it, and
+    calls succeed again."""
+    if not slow_app.engine_process:
+        pytest.skip("the engine runs in the replica's process")
+    (pid,) = replica_pids(SLOW)
+    (engine,) = engine_pids(pid)
+    with Load(
+        slow_app.stub(), lambda i: _request(f"engine-{i}"), SLOW, DEADLINE_S, period_s=1 / RATE
+    ) as load:
+        time.sleep(2.0)
+        os.kill(engine, signal.SIGKILL)
+        killed = time.monotonic()
+        while not (recovered := load.first_answer(after=killed + 1.0)):
+            assert time.monotonic() - killed < 120, "no call succeeded on a new replica within 2 minutes"
+            time.sleep(0.05)
+        time.sleep(max(0.0, recovered + RECOVERED_S - time.monotonic()))
+    calls = load.calls
+    assert max(c.ended - c.sent for c in calls) < DEADLINE_S + 0.5
+    failed = {c.code for c in calls if c.code != grpc.StatusCode.OK}
+    assert grpc.StatusCode.UNAVAILABLE in failed, failed
+    assert failed <= {
+        grpc.StatusCode.UNAVAILABLE,  # on the replica when its engine died, or sent to it after
+        grpc.StatusCode.INTERNAL,  # on the replica when Serve stopped it
+        grpc.StatusCode.DEADLINE_EXCEEDED,  # waiting for a replica
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    }, failed
+    assert replica_pids(SLOW) != {pid}
+    last = [c for c in calls if c.sent > calls[-1].sent - 2.0]
+    assert all(c.code == grpc.StatusCode.OK for c in last), [c.code for c in last]
+
+
+def engine_pids(replica: int) -> set[int]:
+    """The replica's engine process: its child started by multiprocessing's spawn."""
+    out = set()
+    for proc in Path("/proc").iterdir():
+        try:
+            if not proc.name.isdigit() or b"spawn_main" not in (proc / "cmdline").read_bytes():
+                continue
+            if int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == replica:
+                out.add(int(proc.name))
+        except OSError:
+            continue
+    return out

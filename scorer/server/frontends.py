@@ -63,6 +63,8 @@ PICKLE = pickle.HIGHEST_PROTOCOL
 HEADER = struct.Struct("!I")  # the length of the pickled (kind, value) that follows
 START_TIMEOUT_S = 120.0
 """How long front-end processes may take to start and bind their ports."""
+ENGINE_START_TIMEOUT_S = 1800.0
+"""How long a replica's engine process may take to load its model and capture its graphs."""
 PARENT_POLL_S = 1.0
 RESTART_BACKOFF_S = 10.0
 """A front end that dies within this long of its start waits before its next start, longer each
@@ -136,6 +138,7 @@ class EngineLink:
         self._ends: dict[str, _Frames] = {}  # each front end's connection
         self._names: dict[_Frames, str] = {}
         self._server: asyncio.AbstractServer | None = None
+        self.lost = asyncio.Event()  # a front end's connection closed (its process is gone or done)
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -181,6 +184,7 @@ class EngineLink:
         ident = self._names.pop(end, None)
         if ident is not None and self._ends.get(ident) is end:
             del self._ends[ident]
+            self.lost.set()
 
     def _on(self, end: _Frames, kind: str, value) -> None:
         if kind == "hello":  # a front end starting: it listens once it can score, if it can
@@ -420,6 +424,7 @@ class FrontLink:
         self._calls: dict[int, asyncio.Future] = {}
         self._ids = itertools.count()
         self._end: _Frames | None = None
+        self.gone = False  # the engine process closed the connection: nothing will answer
 
     async def connect(self, path: str) -> None:
         """Connect and say which front end this is."""
@@ -432,6 +437,8 @@ class FrontLink:
         self._end.send(kind, value)
 
     async def score(self, job: Job, deadline: float | None, request_id: str) -> Scored:
+        if self.gone:
+            raise Closed("the engine process is gone")
         call_id = next(self._ids)
         future = self._calls[call_id] = asyncio.get_running_loop().create_future()
         try:
@@ -453,6 +460,7 @@ class FrontLink:
             self.states.put_nowait((kind, value))
 
     def _gone(self, end: _Frames) -> None:
+        self.gone = True
         for future in self._calls.values():  # the engine process is gone: nothing will answer
             if not future.done():
                 future.set_exception(Closed("the engine process is gone"))
@@ -553,3 +561,104 @@ async def _frontend(args: Settings, address: str, index: int, parent: int) -> No
 async def _parent_gone(parent: int) -> None:
     while os.getppid() == parent:
         await asyncio.sleep(PARENT_POLL_S)
+
+
+# -- an engine process of its own, for one front end (a Ray replica) ---------------------------
+
+
+class EngineProcess:
+    """The engine in a child process of this one, which stays its one front end: a Ray replica
+    takes Ray's calls and tokenizes in its own process, while the model, the batcher and the
+    device work hold the child's interpreter lock (what ``--frontends`` does for ``scorer
+    serve``). The child's metrics go to ``dir`` (prometheus-client's multiprocess mode), which the
+    replica's /metrics serves with its own. The child exits when this process's connection to it
+    closes, so a replica killed outright takes its engine (and its GPU memory) with it."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.dir = tempfile.mkdtemp(prefix="scorer-engine-")
+        self.path = os.path.join(self.dir, "engine.sock")
+        self.link = FrontLink(0)
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = self.dir  # the child's, from its first import on
+        try:
+            self.proc = multiprocessing.get_context("spawn").Process(
+                target=engine_main, args=(settings, self.path), name="scorer-engine", daemon=True
+            )
+            self.proc.start()
+        finally:
+            del os.environ["PROMETHEUS_MULTIPROC_DIR"]  # this process's metrics stay its own
+
+    def alive(self) -> bool:
+        return self.proc.is_alive() and not self.link.gone
+
+    async def start(self) -> RemoteScoring:
+        """Once the child's engine is warm: the service that scores through it."""
+        give_up = time.monotonic() + ENGINE_START_TIMEOUT_S
+        while True:
+            self._check(give_up)
+            try:
+                await self.link.connect(self.path)
+                break
+            except (FileNotFoundError, ConnectionRefusedError):
+                await asyncio.sleep(0.05)
+        while True:
+            self._check(give_up)
+            try:
+                kind, value = await asyncio.wait_for(self.link.states.get(), 0.5)
+            except TimeoutError:
+                continue
+            if kind == "ready":
+                break
+        service = RemoteScoring(
+            Tokenizing(load_tokenizer(value.model_dir), value), self.link, self.settings.knobs()
+        )
+        self.link.send("ready", None)
+        return service
+
+    def _check(self, give_up: float) -> None:
+        if not self.proc.is_alive():
+            raise RuntimeError(f"the engine process exited with {self.proc.exitcode} before it was ready")
+        if time.monotonic() > give_up:
+            raise RuntimeError(f"the engine process not ready after {ENGINE_START_TIMEOUT_S:.0f} s")
+
+    async def close(self) -> None:
+        """The child finishes what it holds and exits (killed if it does not within a minute)."""
+        await self.link.close()
+        await asyncio.to_thread(self.proc.join, 60)
+        if self.proc.is_alive():
+            log.warning("engine process pid %d still running; killing it", self.proc.pid)
+            self.proc.kill()
+            self.proc.join()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def engine_main(settings: Settings, path: str) -> None:
+    """The child of ``EngineProcess`` (``multiprocessing``'s target)."""
+    from .app import configure_logging
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # its front end decides when it stops
+    configure_logging(settings.log_level, "engine ")
+    asyncio.run(_engine_for_one(settings, path))
+
+
+async def _engine_for_one(settings: Settings, path: str) -> None:
+    from .scoring import ready_engine
+
+    link = EngineLink(path, 1)
+    await link.start()
+    service = None
+    try:
+        engine = await asyncio.to_thread(ready_engine, settings)
+        service = ScoringService(engine, settings.batch_policy(), settings.knobs())
+        service.start()
+        link.serve(service)
+        ready, lost = asyncio.ensure_future(link.all_ready.wait()), asyncio.ensure_future(link.lost.wait())
+        await asyncio.wait({ready, lost}, return_when=asyncio.FIRST_COMPLETED)
+        if ready.done():
+            link.set_state("serving")
+        await lost
+        ready.cancel()
+    finally:
+        if service is not None:
+            await service.close()
+        await link.close()
