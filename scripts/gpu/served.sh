@@ -12,7 +12,8 @@
 #   (py-spy on the last configuration's server at 90% of A's saturation: pyspy-top.txt), HTTP=1 (the
 #   server also on --http-port 8080, and A-text's calls sent to it as Cohere /v2/rerank too:
 #   workload "A-text-cohere", issue 13's HTTP against gRPC on the same calls), SWEEP (rates of every
-#   workload's sweep instead of its own), ENGINE=0 (no engine run: served.json without the reference)
+#   workload's sweep instead of its own), ENGINE=0 (no engine run: served.json without the reference),
+#   SERVE_ARGS (more flags for every server, e.g. "--prefix-cache-mib 0")
 #   -> $OUT/served.json, served.md, engine.json, light_load.json, reports.tgz, server-*.log
 set -euo pipefail
 source scripts/gpu/env.sh
@@ -61,8 +62,9 @@ COMMON=(--schemes auto --warmup 1 --pause 1 --deadline-ms 2000 --channels 4 --qu
 for fe in $FRONTENDS; do
   http=()
   [ "${HTTP:-}" = 1 ] && http=(--http-port 8080)
+  # shellcheck disable=SC2086
   taskset -c 4-15 python3 -m scorer serve --model "$CKPT" --port 50051 --metrics-port 9464 --frontends "$fe" \
-    "${http[@]}" >"$OUT/server-fe$fe.log" 2>&1 &
+    "${http[@]}" ${SERVE_ARGS:-} >"$OUT/server-fe$fe.log" 2>&1 &
   pid=$!
   python3 scripts/gpu/wait_serving.py $pid || { tail -20 "$OUT/server-fe$fe.log"; exit 1; }
   # a first minute of load runs slower (batch shapes and plans seen for the first time): not measured
