@@ -20,7 +20,6 @@ import logging
 from wsgiref.simple_server import WSGIServer
 
 import grpc
-import torch
 from grpc_health.v1 import health_pb2
 from ray import serve
 from ray.serve import Application, Deployment
@@ -30,7 +29,7 @@ from ray.serve.grpc_util import RayServegRPCContext
 from . import metrics
 from .server.app import LOG_FORMAT, SCORER_SERVICE
 from .server.calls import RequestIdFilter
-from .server.frontends import EngineProcess
+from .server.frontends import EngineProcess, on_gpu
 from .server.handler import CallHandler, Metadata, earliest, expired_code, sent_timeout
 from .server.http import build_app as build_http_app
 from .server.scoring import ScoringService, ready_engine
@@ -205,7 +204,7 @@ def engine_in_child(args: Settings) -> bool:
     is what the replica's interpreter must not share), off on the CPU."""
     if args.engine_process != "auto":
         return args.engine_process == "on"
-    return (args.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
+    return on_gpu(args.device)
 
 
 def _serve_metrics(args: Settings, multiprocess_dir: str | None = None) -> tuple[WSGIServer | None, int]:

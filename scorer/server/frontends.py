@@ -71,13 +71,17 @@ RESTART_BACKOFF_S = 10.0
 time in a row (0.5 s doubling, up to this), so one that cannot start does not spin."""
 
 
+def on_gpu(device: str | None) -> bool:
+    """Does ``--device`` (None: cuda when available) put the model on a GPU?"""
+    return (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
+
+
 def frontend_count(value: str, device: str | None) -> int:
     """``--frontends``: a number, or ``auto``: none on the CPU (the model, not the host, is the
     limit there), else one per two cores beyond two, at most four."""
     if value != "auto":
         return int(value)
-    on_gpu = (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
-    return max(0, min(4, (len(os.sched_getaffinity(0)) - 2) // 2)) if on_gpu else 0
+    return max(0, min(4, (len(os.sched_getaffinity(0)) - 2) // 2)) if on_gpu(device) else 0
 
 
 class _Frames(asyncio.Protocol):
