@@ -269,6 +269,11 @@ def np_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     )
 
 
+def np_i32(a: np.ndarray) -> torch.Tensor:
+    """A numpy array of indices as the int32 tensor the attention calls take."""
+    return torch.from_numpy(a.astype(np.int32))
+
+
 def np_indptr(lengths: np.ndarray) -> torch.Tensor:
     """``indptr`` of a numpy array of lengths."""
     out = np.zeros(len(lengths) + 1, dtype=np.int32)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from .base import AttentionCall, Pass, Plan, logical_bases, np_ranges
+from .base import AttentionCall, Pass, Plan, logical_bases, np_i32, np_ranges
 from .packbits import pack_segments, unpack_segment
 
 
@@ -103,10 +103,6 @@ def _first_occurrences(logical: np.ndarray, candidate: np.ndarray) -> np.ndarray
     return first
 
 
-def _i32(a: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(a.astype(np.int32))
-
-
 def _call(c: AttentionCall, slot_of: np.ndarray, cached: Cached) -> AttentionCall:
     """``c`` with its K/V named by pool slot, the cached prompt in front of each request that
     reads its prompt (its K/V list starts with one of the prompt's slots)."""
@@ -122,14 +118,14 @@ def _call(c: AttentionCall, slot_of: np.ndarray, cached: Cached) -> AttentionCal
     start = np.where(reads, cached.start[owner], 0)
     extra = np.where(reads, cached.start[owner + 1] - start, 0)
     if not extra.any():
-        return replace(c, kv_indices=_i32(slot_of[kv]))
+        return replace(c, kv_indices=np_i32(slot_of[kv]))
     new_ptr = np.concatenate([[0], np.cumsum(kv_lens + extra)])
     out = np.empty(int(new_ptr[-1]), dtype=np.int64)
     out[np_ranges(new_ptr[:-1], extra)] = cached.slots[np_ranges(start, extra)]
     out[np_ranges(new_ptr[:-1] + extra, kv_lens)] = slot_of[kv]
     multi_item, custom_mask = c.multi_item, c.custom_mask
     if multi_item is not None:
-        multi_item = replace(multi_item, prefix_len=multi_item.prefix_len + _i32(extra))
+        multi_item = replace(multi_item, prefix_len=multi_item.prefix_len + np_i32(extra))
     if custom_mask is not None:
         q_lens = (c.qo_indptr[1:] - c.qo_indptr[:-1]).tolist()
         masks = [
@@ -140,5 +136,5 @@ def _call(c: AttentionCall, slot_of: np.ndarray, cached: Cached) -> AttentionCal
         ]
         custom_mask = pack_segments(masks)
     return replace(
-        c, kv_indptr=_i32(new_ptr), kv_indices=_i32(out), multi_item=multi_item, custom_mask=custom_mask
+        c, kv_indptr=np_i32(new_ptr), kv_indices=np_i32(out), multi_item=multi_item, custom_mask=custom_mask
     )

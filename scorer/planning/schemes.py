@@ -29,6 +29,7 @@ from .base import (
     item_offsets,
     logical_bases,
     multi_item_meta,
+    np_i32,
     np_indptr,
     np_ranges,
 )
@@ -271,8 +272,7 @@ def _shared_prefix_groups(shapes: Sequence[Shape], group_size: int | None) -> Pl
     kv = np_ranges(np.stack([base, first], 1).ravel(), np.stack([prefix, own], 1).ravel())
     meta = multi_item_meta(mi_prefix, mi_items) if group_size != 1 else None
     total = sum(s.num_tokens for s in shapes)
-    kv_ids = torch.from_numpy(kv.astype(np.int32))
-    c = AttentionCall(0, total, np_indptr(q_lens), np_indptr(prefix + own), kv_ids, True, meta)
+    c = AttentionCall(0, total, np_indptr(q_lens), np_indptr(prefix + own), np_i32(kv), True, meta)
     return Plan((Pass(torch.arange(total, dtype=torch.int64), 0, (c,)),), tuple(items), tuple(shapes))
 
 
