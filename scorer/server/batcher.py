@@ -1,7 +1,8 @@
 """Cross-request batching: concurrent calls merged into one forward batch under a token budget.
 
 A call waits in a bounded FIFO queue. A batch is cut when the queued calls fill the token budget
-or when the oldest queued call has waited ``max_wait_s`` (at once while no batch is in flight);
+or when the oldest queued call has waited ``max_wait_s``; at once while no batch is in flight, or
+while calls arrive too seldom for the wait to gather company (``COMPANY``);
 it is launched on one worker thread (the host planning and the queuing of its device work) and
 waited for on another, so the event loop keeps answering health checks and accepting calls while
 the model computes, and the next batch is planned while the device still runs this one
@@ -58,6 +59,12 @@ IN_FLIGHT = 2
 SPARE = 0.1
 """The share of a call's time to its deadline that its estimated end must leave for it to be
 admitted: forward times vary, and a call admitted at the very edge would miss every other time."""
+COMPANY = 0.5
+"""A call waits ``max_wait_s`` for company only while the calls expected to arrive in that time
+(``max_wait_s`` over the recent mean gap between arrivals) are at least this many: under light
+load a wait behind a batch in flight would gather nobody and only add to the call's latency."""
+ARRIVALS = 8
+"""Arrivals the gap estimate spans."""
 
 
 class QueueFull(Exception):
@@ -197,6 +204,7 @@ class Batcher:
         self._forward_time = ForwardTimeModel()
         self._in_flight: deque[_Flight] = deque()  # launched and not yet settled, oldest first
         self._device_free = 0.0  # when the last batch ended
+        self._arrivals: deque[float] = deque(maxlen=ARRIVALS)  # the last calls' arrival times
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="batcher")
@@ -231,6 +239,7 @@ class Batcher:
             metrics.REJECTED.inc()
             raise QueueFull("at the current load the call would not finish before its deadline; retry later")
         queued.future.add_done_callback(partial(self._on_done, queued))
+        self._arrivals.append(queued.enqueued)
         self._pending.append(queued)
         metrics.QUEUE_DEPTH.set(len(self._pending))
         self._arrived.set()
@@ -272,9 +281,10 @@ class Batcher:
 
     async def _fill(self) -> None:
         """Wait until the queue fills the token budget or its oldest call has waited max_wait_s;
-        not at all while no batch is in flight: a call that finds the engine idle runs at once
-        (waiting could only gather calls that would then wait for nothing)."""
-        if not self._in_flight:
+        not at all while no batch is in flight (a call that finds the engine idle runs at once:
+        waiting could only gather calls that would then wait for nothing), nor while calls arrive
+        too seldom for the wait to gather company."""
+        if not self._in_flight or not self._company_expected():
             return
         while self._pending and not self._closing:
             if sum(j.tokens for j in self._pending) >= self.policy.max_batch_tokens:
@@ -287,6 +297,15 @@ class Batcher:
                 await asyncio.wait_for(self._arrived.wait(), left)
             except TimeoutError:
                 return
+
+    def _company_expected(self) -> bool:
+        """Would ``max_wait_s`` gather at least COMPANY more calls, at the recent arrival rate?
+        The mean gap counts the time since the last arrival, so a burst long past does not hold
+        later lone calls."""
+        if len(self._arrivals) < 2:
+            return False
+        gap = (time.monotonic() - self._arrivals[0]) / (len(self._arrivals) - 1)
+        return self.policy.max_wait_s >= COMPANY * gap
 
     def _take(self) -> list[_Queued]:
         """The oldest calls that fit the token budget (at least one) and can still meet their

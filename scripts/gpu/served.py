@@ -1,7 +1,7 @@
 """The numbers of scripts/gpu/served.sh.
 
     python scripts/gpu/served.py share SWEEP_DIR SHARE     # SHARE x a sweep's saturation, calls/s
-    python scripts/gpu/served.py summary OUT FRONTENDS...  # OUT/served.json and a table
+    python scripts/gpu/served.py summary OUT CONFIG...  # OUT/served.json and a table (CONFIG: feN or feN-LABEL)
     python scripts/gpu/served.py merge OUT THROUGHPUT_JSON FRONTENDS  # into the engine's records
 
 Saturation is a sweep's highest achieved docs/s (it stops at its first saturated rate); served /
@@ -35,23 +35,24 @@ def _r(ms: float | None) -> str:
     return "-" if ms is None else f"{ms:.1f}"
 
 
-def summary(out: Path, frontends: list[str]) -> int:
+def summary(out: Path, configs: list[str]) -> int:
     engine = {r["workload"]: r for r in json.loads((out / "engine.json").read_text())["records"]}
     records, lines = [], []
     lines.append(
-        "| workload | frontends | engine docs/s | served docs/s | served / engine | p50 @10% ms |"
+        "| workload | server | engine docs/s | served docs/s | served / engine | p50 @10% ms |"
         " p99 @80% ms | engine idle p50 ms (20 ms apart) | lag p99 ms @80% |"
     )
     lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for fe in frontends:
-        for d in sorted((out / f"fe{fe}").iterdir()):
+    for config in configs:
+        fe = config.removeprefix("fe").split("-")[0]
+        for d in sorted((out / config).iterdir()):
             w = d.name
             sweep = load_report(d / "sweep")
             top, low, high = top_run(sweep), _first_run(d / "at-0.1"), _first_run(d / "at-0.8")
             ref = engine.get(w, {})
             rec = {
                 "workload": w,
-                "system": f"served-fe{fe}",
+                "system": f"served-{config}",
                 "frontends": int(fe),
                 "engine_docs_s": ref.get("docs_s"),
                 "engine_idle_p50_ms": ref.get("idle_p50_ms"),
@@ -68,20 +69,20 @@ def summary(out: Path, frontends: list[str]) -> int:
             )
             records.append(rec)
             lines.append(
-                f"| {w} | {fe} | {rec['engine_docs_s']} | {rec['served_docs_s']}"
+                f"| {w} | {config} | {rec['engine_docs_s']} | {rec['served_docs_s']}"
                 f"{'' if rec['served_saturated'] else ' (not saturated)'} | {rec['served_over_engine']} |"
                 f" {rec['served_p50_ms_10']} | {rec['served_p99_ms_80']} | {_r(rec['engine_idle_p50_ms'])}"
                 f" ({_r(rec['engine_idle_spaced_p50_ms'])}) |"
                 f" {rec['lag_p99_ms_80']} |"
             )
-    by = {(r["frontends"], r["workload"]): r for r in records}
-    for fe in map(int, frontends):
-        http, grpc = by.get((fe, "A-text-cohere")), by.get((fe, "A-text"))
+    by = {(r["system"], r["workload"]): r for r in records}
+    for config in configs:
+        http, grpc = by.get((f"served-{config}", "A-text-cohere")), by.get((f"served-{config}", "A-text"))
         if http and grpc:
             ratio = http["served_docs_s"] / grpc["served_docs_s"]
             added = http["served_p50_ms_10"] - grpc["served_p50_ms_10"]
             lines.append(
-                f"\nfrontends {fe}: Cohere HTTP / gRPC docs/s on A-text {ratio:.3f},"
+                f"\n{config}: Cohere HTTP / gRPC docs/s on A-text {ratio:.3f},"
                 f" p50 at 10% {added:+.2f} ms"
             )
     (out / "served.json").write_text(json.dumps({"records": records}, indent=1))
@@ -101,7 +102,7 @@ def merge(out: Path, throughput: Path, frontends: int) -> int:
             doc["records"].append(r)
             engine[r["workload"]] = r
     for rec in json.loads((out / "served.json").read_text())["records"]:
-        if rec["frontends"] != frontends or rec["workload"] not in engine:
+        if rec["system"] != f"served-fe{frontends}" or rec["workload"] not in engine:
             continue
         engine[rec["workload"]].update(
             served_docs_s=rec["served_docs_s"],

@@ -3,7 +3,9 @@
 # side in one run, on a random Qwen3-0.6B-shaped checkpoint (as sweep.sh):
 #   1. the engine alone: bench/throughput.py, system auto, workloads A, E and A-text (docs/s at
 #      saturation, one idle call's p50);
-#   2. for each of FRONTENDS (default "0 4": one process; four front-end processes): the server on
+#   2. for each of FRONTENDS (default "0 4": one process; four front-end processes; an entry N:LABEL
+#      also passes the flags of $ARGS_LABEL, e.g. FRONTENDS="4 4:nocache" ARGS_nocache="--prefix-cache-mib 0",
+#      its results named feN-LABEL): the server on
 #      cores 4-15, the load tool on 0-3, an open-loop sweep per workload (A and E as token ids with
 #      template plain, A-text as the load tool's text calls with the reranker template), then 10%
 #      and 80% of each sweep's saturation for p50 and p99.
@@ -59,23 +61,30 @@ series=$WORKLOADS
 [ "${HTTP:-}" = 1 ] && series="$series A-text-cohere"
 COMMON=(--schemes auto --warmup 1 --pause 1 --deadline-ms 2000 --channels 4 --quiet --no-samples
   --metrics-url http://127.0.0.1:9464/metrics)
-for fe in $FRONTENDS; do
+names=()
+for cfg in $FRONTENDS; do
+  fe=${cfg%%:*} label=${cfg#*:}
+  [ "$label" = "$cfg" ] && label=
+  name=fe$fe${label:+-$label}
+  names+=("$name")
+  extra=ARGS_$label
+  extra=${label:+${!extra}}
   http=()
   [ "${HTTP:-}" = 1 ] && http=(--http-port 8080)
   # shellcheck disable=SC2086
   taskset -c 4-15 python3 -m scorer serve --model "$CKPT" --port 50051 --metrics-port 9464 --frontends "$fe" \
-    "${http[@]}" ${SERVE_ARGS:-} >"$OUT/server-fe$fe.log" 2>&1 &
+    "${http[@]}" ${SERVE_ARGS:-} $extra >"$OUT/server-$name.log" 2>&1 &
   pid=$!
-  python3 scripts/gpu/wait_serving.py $pid || { tail -20 "$OUT/server-fe$fe.log"; exit 1; }
+  python3 scripts/gpu/wait_serving.py $pid || { tail -20 "$OUT/server-$name.log"; exit 1; }
   # a first minute of load runs slower (batch shapes and plans seen for the first time): not measured
   taskset -c 0-3 python3 -m loadtest.run --target 127.0.0.1:50051 --requests "/tmp/${WORKLOADS%% *}.jsonl" --rate 300 \
     --duration 6 "${COMMON[@]}" --out /tmp/warm-up >/dev/null 2>&1 || true
   for w in $series; do
-    d="$OUT/fe$fe/$w"
+    d="$OUT/$name/$w"
     reqs="/tmp/${w%-cohere}.jsonl"
     target=(--target 127.0.0.1:50051)
     [ "$w" = A-text-cohere ] && target=(--api cohere --target 127.0.0.1:8080)
-    echo "== --frontends $fe, $w: sweep ${RATES[$w]}"
+    echo "== $name ($SERVE_ARGS $extra), $w: sweep ${RATES[$w]}"
     taskset -c 0-3 python3 -m loadtest.run "${target[@]}" --requests "$reqs" \
       --sweep "${RATES[$w]}" --duration "$STEP" --stop-when-saturated "${COMMON[@]}" --out "$d/sweep" 2>&1 \
       | grep -v '^report:' || true
@@ -88,9 +97,9 @@ for fe in $FRONTENDS; do
   done
   # a call's time by stage at light load, one at a time (bench.light_load): where p50 at 10% goes
   [ -f /tmp/A.jsonl ] && taskset -c 0-3 timeout 60 python3 -m bench.light_load --requests /tmp/A.jsonl \
-    --gap-ms 0,20 --calls 80 --label "frontends $fe" --out "$OUT" || true
-  if [ "${PROFILE:-}" = 1 ] && [ "$fe" = "${FRONTENDS##* }" ]; then
-    rate=$(python3 scripts/gpu/served.py share "$OUT/fe$fe/A/sweep" 0.9)
+    --gap-ms 0,20 --calls 80 --label "$name" --out "$OUT" || true
+  if [ "${PROFILE:-}" = 1 ] && [ "$cfg" = "${FRONTENDS##* }" ]; then
+    rate=$(python3 scripts/gpu/served.py share "$OUT/$name/A/sweep" 0.9)
     taskset -c 0-3 python3 -m loadtest.run --target 127.0.0.1:50051 --requests /tmp/A.jsonl --rate "$rate" \
       --duration 12 "${COMMON[@]}" --out /tmp/profile-load >/dev/null 2>&1 &
     load=$!
@@ -101,4 +110,4 @@ for fe in $FRONTENDS; do
   kill -TERM $pid && wait $pid || echo "server exit code $?" >&2
   pid=
 done
-python3 scripts/gpu/served.py summary "$OUT" $FRONTENDS | tee "$OUT/served.md" || true
+python3 scripts/gpu/served.py summary "$OUT" "${names[@]}" | tee "$OUT/served.md" || true

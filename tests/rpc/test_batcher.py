@@ -107,6 +107,37 @@ def test_while_a_batch_is_in_flight_a_lone_call_waits_at_most_max_wait_for_compa
     assert forward.batches == [["first"], ["a", "b"]]
 
 
+class SlowDevice(FakeForward):
+    """Launches at once; its results take ``device_s`` to collect (a batch in flight on the device)."""
+
+    def __init__(self, device_s: float) -> None:
+        super().__init__()
+        self.device_s = device_s
+
+    def __call__(self, batch: Sequence[Job]):
+        collect = super().__call__(batch)
+        return lambda: time.sleep(self.device_s) or collect()
+
+
+def test_a_call_after_a_long_gap_does_not_wait_for_company_behind_a_batch_in_flight():
+    """Calls arriving seldom (one 0.45 s after the last, max_wait 0.2 s: under COMPANY expected in
+    the wait) are launched at once even with a batch in flight (quick ones wait: the test above)."""
+    forward = SlowDevice(device_s=1.0)
+
+    async def scenario():
+        batcher = Batcher(forward, BatchPolicy(max_batch_tokens=1000, max_wait_s=0.2))
+        batcher.start()
+        first = asyncio.ensure_future(batcher.submit(call(10, "first"), None, "first"))
+        await asyncio.sleep(0.45)  # "first" is on the device until 1.0
+        lone = await batcher.submit(call(10, "lone"), None, "lone")
+        assert lone.queue_seconds < 0.1  # launched at once, not after max_wait
+        assert (await first).batch_requests == 1
+        await batcher.close()
+
+    run(scenario)
+    assert forward.batches == [["first"], ["lone"]]
+
+
 def test_calls_whose_deadline_passed_or_that_were_cancelled_in_the_queue_are_never_scored():
     forward = FakeForward(delay_s=0.2)
 
