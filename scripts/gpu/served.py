@@ -1,7 +1,7 @@
 """The numbers of scripts/gpu/served.sh.
 
     python scripts/gpu/served.py share SWEEP_DIR SHARE     # SHARE x a sweep's saturation, calls/s
-    python scripts/gpu/served.py summary OUT CONFIG...  # OUT/served.json and a table (CONFIG: feN or feN-LABEL)
+    python scripts/gpu/served.py summary OUT CONFIG...  # OUT/served.json, a table (CONFIG: feN, feN-LABEL)
     python scripts/gpu/served.py merge OUT THROUGHPUT_JSON FRONTENDS  # into the engine's records
 
 Saturation is a sweep's highest achieved docs/s (it stops at its first saturated rate); served /
