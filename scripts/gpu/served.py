@@ -82,8 +82,7 @@ def summary(out: Path, configs: list[str]) -> int:
             ratio = http["served_docs_s"] / grpc["served_docs_s"]
             added = http["served_p50_ms_10"] - grpc["served_p50_ms_10"]
             lines.append(
-                f"\n{config}: Cohere HTTP / gRPC docs/s on A-text {ratio:.3f},"
-                f" p50 at 10% {added:+.2f} ms"
+                f"\n{config}: Cohere HTTP / gRPC docs/s on A-text {ratio:.3f}, p50 at 10% {added:+.2f} ms"
             )
     (out / "served.json").write_text(json.dumps({"records": records}, indent=1))
     print("\n".join(lines))
