@@ -219,7 +219,8 @@ class Engine(Tokenizing):
     def _plan_on_cache(self, jobs: Sequence[Job]) -> tuple[Plan, Lease | None, list[int]]:
         """The batch's plan, the lease it holds of the prefix cache and each planned request's
         cached prompt tokens (plan order). Off the cache (no lease, nothing cached) when no call
-        of the batch uses it or the batch does not fit the pool beside the batches in flight."""
+        of the batch uses it, reads it or is admitted to write it (see ``prefix_cache``), or the
+        batch does not fit the pool beside the batches in flight."""
         use = [self.cache is not None and j.options.prefix_cache != "off" for j in jobs]
         if not any(use):
             return self.plan(jobs), None, []
@@ -228,6 +229,9 @@ class Engine(Tokenizing):
             for j, u in zip(jobs, use, strict=True)
         ]
         hits, lease = self.cache.reserve(prompts)
+        if not any(h.num_cached or len(h.insert) for h in hits):  # prompts seen once: nothing to share
+            lease.release()
+            return self.plan(jobs), None, []
         try:
             plan = self.plan(jobs, [h.num_cached for h in hits])
             hits = [hits[i] for i in plan.requests]

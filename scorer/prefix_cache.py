@@ -12,6 +12,13 @@ launch order), and its scratch slots (the rows that are not cached: docs, naive'
 given back when the batch is collected. Only leaf blocks are evicted, least recently used first
 and never one a lease holds; so holding a prompt's deepest block keeps its whole chain, and a
 block's ancestors are live while it is.
+
+A block is cached on its ``admit``-th sighting (default 2): the chains of prompt blocks seen and
+not cached are remembered as hashes (``SEEN`` of them, least recently seen forgotten first), and a
+prompt writes only the blocks seen before. A prompt seen once (a unique query) writes nothing; a
+call that neither reads nor writes the pool plans off it, and a batch of such calls runs exactly as
+without a cache (no pool writes, no scattered K/V reads: section 14 of bench/RESULTS.md measures
+what they cost). A false match of the hashes only caches a block early; hits stay exact.
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ BLOCK = 16
 RECENT = 256
 """Prompts whose blocks are remembered whole: a prompt seen lately is matched with one lookup
 (hashing its ids once) instead of one per block."""
+SEEN = 1 << 16
+"""Block chains remembered as seen-but-not-cached, for admission on a later sighting."""
 CPU_AUTO_MIB = 64
 """``--prefix-cache-mib auto`` on the CPU."""
 GPU_AUTO_SHARE = 0.4
@@ -104,6 +113,7 @@ class PrefixCache:
         dtype: torch.dtype,
         device: torch.device,
         block: int = BLOCK,
+        admit: int = 2,
     ) -> None:
         if capacity < block:
             raise ValueError(f"a prefix cache of {capacity} slots holds no block of {block} tokens")
@@ -123,19 +133,29 @@ class PrefixCache:
         self._leaves: OrderedDict[int, _Block] = OrderedDict()  # blocks without children, LRU first
         self._ids = 0
         self._recent: OrderedDict[tuple, tuple[tuple, torch.Tensor]] = OrderedDict()
+        if admit not in (1, 2):
+            raise ValueError(
+                f"admit is 1 (cache a block when first seen) or 2 (when seen again), not {admit}"
+            )
+        self.admit = admit
+        self._seen: OrderedDict[int, None] = OrderedDict()  # hashes of block chains seen once
         self._lock = threading.RLock()
         self.stats = {"hit_tokens": 0, "lookup_tokens": 0, "evictions": 0, "off_pool_batches": 0}
         metrics.PREFIX_CACHE_BYTES.labels(kind="capacity").set(capacity * self.slot_bytes)
         self._report()
 
     @classmethod
-    def for_model(cls, mib: int, config, dtype: torch.dtype, device: torch.device) -> PrefixCache | None:
+    def for_model(
+        cls, mib: int, config, dtype: torch.dtype, device: torch.device, admit: int = 2
+    ) -> PrefixCache | None:
         """A pool of ``mib`` MiB for a model of ``config`` (None for 0 or less than one block)."""
         per = slot_bytes(config.num_layers, config.num_kv_heads, config.head_dim, dtype)
         capacity = (mib << 20) // per
         if capacity < BLOCK:
             return None
-        return cls(capacity, config.num_layers, config.num_kv_heads, config.head_dim, dtype, device)
+        return cls(
+            capacity, config.num_layers, config.num_kv_heads, config.head_dim, dtype, device, admit=admit
+        )
 
     # -- the index -------------------------------------------------------------------------------
 
@@ -209,6 +229,8 @@ class PrefixCache:
     def _insert(self, ids, salt, parent: _Block | None, start: int, lease: Lease) -> list[_Block]:
         new, b = [], self.block
         wanted = range(start * b, (len(ids) - 1) // b * b, b)  # the blocks _match can read
+        if self.admit > 1:
+            wanted = wanted[: self._seen_before(ids, salt, start, len(wanted))]
         pages = self._alloc(len(wanted), partial=True)
         for i, page in zip(wanted, pages, strict=False):
             self._ids += 1
@@ -222,6 +244,26 @@ class PrefixCache:
             parent = blk
         lease.written += new
         return new
+
+    def _seen_before(self, ids, salt: str, start: int, n: int) -> int:
+        """How many of the ``n`` blocks of ``ids`` from block ``start`` on were seen before, in a
+        row (those are admitted); the rest are remembered as seen now. A block's hash covers its
+        whole chain (the salt and every token up to its end), as its index key does."""
+        b, h, admitted = self.block, hash(salt), None
+        for i in range(start + n):
+            h = hash((h, ids[i * b : (i + 1) * b]))
+            if i < start:
+                continue
+            if admitted is None and h in self._seen:
+                del self._seen[h]  # cached now: the index remembers it
+                continue
+            if admitted is None:
+                admitted = i - start
+            self._seen[h] = None
+            self._seen.move_to_end(h)
+        while len(self._seen) > SEEN:
+            self._seen.popitem(last=False)
+        return n if admitted is None else admitted
 
     def end(self, lease: Lease, keep_written: bool) -> None:
         with self._lock:

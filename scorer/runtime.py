@@ -46,9 +46,11 @@ def build_engine(
     kernels: str = "auto",
     cuda_graph_max_tokens: int = 16384,
     prefix_cache_mib: int | str = 0,
+    prefix_cache_admit: int = 2,
 ) -> Engine:
     """fp32 on CPU, bf16 on GPU unless ``dtype`` says otherwise; no ``model_dir``: the tiny default.
-    ``prefix_cache_mib``: the prefix cache's pool (0: none; ``auto``: see ``prefix_cache.auto_mib``).
+    ``prefix_cache_mib``: the prefix cache's pool (0: none; ``auto``: see ``prefix_cache.auto_mib``);
+    ``prefix_cache_admit``: the sightings before it keeps a prompt block (see ``prefix_cache``).
     Raises BackendUnavailable when ``attention_backend`` cannot run the model (see make_backend)."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
@@ -61,7 +63,9 @@ def build_engine(
     log.info("model %s on %s (%s), attention %s, %s kernels", path, dev, dtype, backend.name, chosen)
     runner = ModelRunner(model, backend, cuda_graph_max_tokens)
     mib = auto_mib(dev) if prefix_cache_mib == "auto" else int(prefix_cache_mib)
-    cache = PrefixCache.for_model(mib, mc, dtype, dev)
+    cache = PrefixCache.for_model(mib, mc, dtype, dev, admit=prefix_cache_admit)
     if cache is not None:
-        log.info("prefix cache: %d MiB, %d tokens", mib, cache.capacity)
+        log.info(
+            "prefix cache: %d MiB, %d tokens, blocks kept on sighting %d", mib, cache.capacity, cache.admit
+        )
     return Engine(runner, tokenizer, config, model_name=path.name, cache=cache, model_dir=str(path))

@@ -174,6 +174,13 @@ class Settings:
         metavar="MIB|auto",
         check=_mib,
     )
+    prefix_cache_admit: int = setting(
+        2,
+        "sightings of a prompt's block before the prefix cache keeps it: 2 (a prompt seen once, a"
+        " unique query, costs nothing: it runs off the cache) or 1 (every prompt is written to the"
+        " pool, worth it where nearly every prompt repeats)",
+        choices=(1, 2),
+    )
     # limits of a call
     max_docs: int = setting(EngineConfig.max_docs, "documents per call", check=at_least(1))
     max_doc_tokens: int = setting(EngineConfig.max_doc_tokens, "tokens per document", check=at_least(1))
@@ -332,6 +339,7 @@ class Settings:
             kernels=self.model_kernels,
             cuda_graph_max_tokens=self.cuda_graph_max_tokens,
             prefix_cache_mib=self.prefix_cache_mib,
+            prefix_cache_admit=self.prefix_cache_admit,
         )
 
 
@@ -410,7 +418,7 @@ def request_options(args: argparse.Namespace) -> ScoreOptions:
 
 
 def _add(parser: argparse.ArgumentParser, name: str, meta, hint, default) -> None:
-    kw = {"default": default, "help": meta["help"], "dest": name}
+    kw = {"default": default, "help": meta["help"].replace("%", "%%"), "dest": name}
     if meta.get("metavar"):
         kw["metavar"] = meta["metavar"]
     if meta.get("choices") is not None:

@@ -123,3 +123,11 @@ def test_every_flag_of_both_subcommands_is_explained_in_plain_text():
         assert p.description and "``" not in p.description, name
         for action in p._actions:
             assert action.help and "``" not in action.help, (name, action.dest)
+
+
+@pytest.mark.parametrize("command", ["score", "serve"])
+def test_help_prints(capsys, command):
+    """``--help`` of each subcommand prints (a help text with a bare % once broke argparse's)."""
+    with pytest.raises(SystemExit) as done:
+        cli.main([command, "--help"])
+    assert done.value.code == 0 and "--device" in capsys.readouterr().out

@@ -29,10 +29,13 @@ def off(tmp_path_factory):
     mp.undo()
 
 
-def cached_engine(off: Engine, capacity: int, **config) -> Engine:
-    """``off``'s model and runner with a pool of ``capacity`` slots."""
+def cached_engine(off: Engine, capacity: int, admit: int = 1, **config) -> Engine:
+    """``off``'s model and runner with a pool of ``capacity`` slots; ``admit``: the pool's sightings
+    before it keeps a block (1 here: most tests are of what a cached prompt does)."""
     mc = off.runner.model.config
-    cache = PrefixCache(capacity, mc.num_layers, mc.num_kv_heads, mc.head_dim, off.runner.dtype, off.device)
+    cache = PrefixCache(
+        capacity, mc.num_layers, mc.num_kv_heads, mc.head_dim, off.runner.dtype, off.device, admit=admit
+    )
     cfg = EngineConfig(max_docs=64, max_doc_tokens=512, **config)
     return Engine(off.runner, off.tokenizer, cfg, cache=cache)
 
@@ -123,6 +126,42 @@ def test_calls_of_one_batch_with_the_same_new_prompt_compute_it_once(off):
     assert off.runner.stats["tokens_computed"] - before == 64 + 16 + 2 * 24
     assert_close(a, off.score(request(prompt, docs, "multi_item")))
     assert_close(b, a)
+
+
+def test_by_default_a_prompt_seen_once_runs_off_the_pool_and_is_kept_when_seen_again(off, monkeypatch):
+    """admit=2: a unique prompt writes nothing to the pool (its batch plans as with no cache); its
+    second sighting writes the blocks seen before; its third reads them. A new query on a shared
+    head keeps the head (seen twice) and not its own tail (seen once). Scores as without the cache."""
+    from scorer.attention import kvpool
+
+    on = cached_engine(off, 4000, admit=2)
+    writes, write = [], kvpool.CachePool.write
+    monkeypatch.setattr(kvpool.CachePool, "write", lambda pool, *a: writes.append(1) or write(pool, *a))
+    rng = random.Random(11)
+    prompt = [rng.randrange(VOCAB) for _ in range(40)]  # two whole blocks before its last token
+    docs = [[rng.randrange(VOCAB) for _ in range(6)] for _ in range(3)]
+    want = off.score(request(prompt, docs))
+    first = on.score(request(prompt, docs))
+    assert first.usage.cached_prompt_tokens == 0 and on.cache.cached_blocks == 0 and not writes
+    second = on.score(request(prompt, docs))
+    assert second.usage.cached_prompt_tokens == 0 and on.cache.cached_blocks == 2 and writes
+    third = on.score(request(prompt, docs))
+    assert third.usage.cached_prompt_tokens == 32
+    for r in (first, second, third):
+        assert_close(r, want)
+    head = [rng.randrange(VOCAB) for _ in range(32)]
+    queries = [head + [rng.randrange(VOCAB) for _ in range(20)] for _ in range(3)]
+    got = [on.score(request(q, docs)) for q in queries]
+    assert [r.usage.cached_prompt_tokens for r in got] == [0, 0, 32]
+    assert on.cache.cached_blocks == 2 + 2  # the head's two blocks; no query's own third block
+    for q, r in zip(queries, got, strict=True):
+        assert_close(r, off.score(request(q, docs)))
+
+
+def test_admit_is_one_or_two(off):
+    mc = off.runner.model.config
+    with pytest.raises(ValueError, match="admit"):
+        PrefixCache(400, mc.num_layers, mc.num_kv_heads, mc.head_dim, torch.float32, off.device, admit=3)
 
 
 def test_a_new_query_on_the_same_template_reuses_the_template_head(off):
@@ -267,7 +306,9 @@ def test_graph_segments_write_the_pool_themselves(off, monkeypatch):
     runner = ModelRunner(off.runner.model, off.runner.backend)
     runner.graphs = GraphedDecoder(off.runner.model, 128, capture=False)
     mc = off.runner.model.config
-    cache = PrefixCache(700, mc.num_layers, mc.num_kv_heads, mc.head_dim, off.runner.dtype, off.device)
+    cache = PrefixCache(
+        700, mc.num_layers, mc.num_kv_heads, mc.head_dim, off.runner.dtype, off.device, admit=1
+    )
     runner.capture_graphs(cache)
     on = Engine(runner, off.tokenizer, EngineConfig(max_docs=64, max_doc_tokens=512), cache=cache)
     copies, write = [], kvpool.CachePool.write

@@ -14,7 +14,7 @@
 #   (py-spy on the last configuration's server at 90% of A's saturation: pyspy-top.txt), HTTP=1 (the
 #   server also on --http-port 8080, and A-text's calls sent to it as Cohere /v2/rerank too:
 #   workload "A-text-cohere", issue 13's HTTP against gRPC on the same calls), SWEEP (rates of every
-#   workload's sweep instead of its own), ENGINE=0 (no engine run: served.json without the reference),
+#   workload's sweep instead of its own; RATES_A, RATES_E, RATES_A_text: one workload's), ENGINE=0 (no engine run: served.json without the reference),
 #   SERVE_ARGS (more flags for every server, e.g. "--prefix-cache-mib 0")
 #   -> $OUT/served.json, served.md, engine.json, light_load.json, reports.tgz, server-*.log
 set -euo pipefail
@@ -47,6 +47,10 @@ else
   echo '{"records": []}' >"$OUT/engine.json"
 fi
 if [ -n "${SWEEP:-}" ]; then for w in "${!RATES[@]}"; do RATES[$w]=$SWEEP; done; fi
+for w in "${!RATES[@]}"; do  # RATES_A, RATES_E, RATES_A_text: one workload's sweep
+  v=RATES_${w//-/_}
+  [ -z "${!v:-}" ] || RATES[$w]=${!v}
+done
 
 pack() {  # the device returns a handful of files: the load tool's reports travel as one archive
   (cd "$OUT" && shopt -s nullglob && dirs=(fe*/) && [ ${#dirs[@]} -gt 0 ] && tar czf reports.tgz "${dirs[@]}") || true
@@ -84,7 +88,7 @@ for cfg in $FRONTENDS; do
     reqs="/tmp/${w%-cohere}.jsonl"
     target=(--target 127.0.0.1:50051)
     [ "$w" = A-text-cohere ] && target=(--api cohere --target 127.0.0.1:8080)
-    echo "== $name ($SERVE_ARGS $extra), $w: sweep ${RATES[$w]}"
+    echo "== $name (${SERVE_ARGS:-} $extra), $w: sweep ${RATES[$w]}"
     taskset -c 0-3 python3 -m loadtest.run "${target[@]}" --requests "$reqs" \
       --sweep "${RATES[$w]}" --duration "$STEP" --stop-when-saturated "${COMMON[@]}" --out "$d/sweep" 2>&1 \
       | grep -v '^report:' || true

@@ -630,7 +630,14 @@ def test_sigterm_drain_covers_http_calls(scorer_cache, server_logs):
 def test_the_prefix_cache_headers_are_the_calls_options(scorer_cache):
     """X-Prefix-Cache: off neither reads nor writes the cache, X-Cache-Salt keeps calls apart, and
     a call that reads its prompt from the cache scores as the first did."""
-    engine = build_engine(ensure_tiny_model(scorer_cache), "torch", "cpu", config=LIMITS, prefix_cache_mib=8)
+    engine = build_engine(
+        ensure_tiny_model(scorer_cache),
+        "torch",
+        "cpu",
+        config=LIMITS,
+        prefix_cache_mib=8,
+        prefix_cache_admit=1,
+    )  # a prompt kept on first sight: the second call reads it
     server = Live(engine, BatchPolicy(max_wait_s=0.0), DebugKnobs())
     body = {**Q, "documents": ["a shared prefix is computed once", "bread rises"]}
 

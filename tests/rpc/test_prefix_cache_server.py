@@ -20,7 +20,17 @@ def cached_server(scorer_cache, server_logs):
     proc = start_server(
         scorer_cache,
         server_logs,
-        ["--prefix-cache-mib", "1", "--debug-forward-delay-ms", "40", "--max-wait-ms", "5"],
+        # every prompt kept on first sight (the default keeps it on the second): the tiny pool churns
+        [
+            "--prefix-cache-mib",
+            "1",
+            "--prefix-cache-admit",
+            "1",
+            "--debug-forward-delay-ms",
+            "40",
+            "--max-wait-ms",
+            "5",
+        ],
     )
     yield proc
     assert proc.stop() == 0, proc.log()
