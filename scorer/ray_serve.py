@@ -32,7 +32,7 @@ from .server.calls import RequestIdFilter
 from .server.frontends import EngineProcess, on_gpu
 from .server.handler import CallHandler, Metadata, earliest, expired_code, sent_timeout
 from .server.http import build_app as build_http_app
-from .server.scoring import ScoringService, ready_engine
+from .server.scoring import ScoringService, freeze_heap, ready_engine
 from .settings import Settings, scorer_args_model
 from .v1 import scorer_pb2 as pb
 
@@ -124,6 +124,7 @@ class ScorerDeployment:
             self.service.start()
         self.handler.service = self.service
         self._metrics_http, self._metrics_port = _serve_metrics(s, self._engine.dir if self._engine else None)
+        freeze_heap()  # the replica's own process too (the engine's froze in ready_engine)
         metrics.READY.set(1)
         log.info(
             "SERVING %s%s; metrics on port %s",

@@ -37,3 +37,21 @@ def test_throughput_benchmark_runs_every_kind_of_system(tmp_path):
     for r in records:
         assert r["docs_s"] > 0 and 0 < r["mfu"] < 1, r
     assert records[0]["scheme_used"] == ["ragged"] and records[1]["idle_p50_ms"] > 0
+
+
+def test_a_ready_engine_leaves_its_heap_frozen_and_a_full_collection_cheap(tmp_path):
+    """ready_engine ends with freeze_heap: what it loaded is out of the collector's reach, so a full
+    collection scans a small part of the heap (bench.gc_pause undoes the freeze to compare)."""
+    import gc
+
+    from bench import gc_pause
+
+    gc.unfreeze()
+    try:
+        gc_pause.main(["--calls", "3", "--out", str(tmp_path)])
+        rows = json.loads((tmp_path / "gc_pause.json").read_text())["rows"]
+        frozen, unfrozen = rows["frozen (as served)"], rows["unfrozen"]
+        assert frozen["frozen"] > 10 * frozen["objects"]  # the heap, frozen; only later objects scanned
+        assert frozen["median_ms"] < unfrozen["median_ms"]
+    finally:
+        gc.unfreeze()

@@ -57,7 +57,7 @@ from ..request import Job
 from ..settings import Settings
 from .batcher import Closed, Scored
 from .handler import CallHandler
-from .scoring import ScoringService, TokenizingService
+from .scoring import ScoringService, TokenizingService, freeze_heap
 
 log = logging.getLogger(__name__)
 PICKLE = pickle.HIGHEST_PROTOCOL
@@ -512,6 +512,7 @@ async def _frontend(args: Settings, address: str, index: int, parent: int) -> No
     def take(info: EngineInfo) -> None:  # tokenize as the engine does, from now on
         tokenizing = Tokenizing(load_tokenizer(info.model_dir), info)
         handler.service = RemoteScoring(tokenizing, link, args.knobs())
+        freeze_heap()
         link.send("ready", None)
 
     try:
