@@ -145,6 +145,14 @@ BATCH_TOKENS = Histogram(
     buckets=TOKEN_BUCKETS,
     registry=REGISTRY,
 )
+GC_PAUSE = Histogram(
+    "scorer_gc_pause_seconds",
+    "Pauses of Python's cyclic garbage collector, which stop every thread of the process, by the"
+    " process's role (server, engine, frontend, replica) and the generation collected.",
+    ["process", "generation"],
+    buckets=LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
 QUEUE_DEPTH = Gauge(
     "scorer_queue_depth",
     "Calls waiting for a forward batch.",

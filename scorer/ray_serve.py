@@ -119,12 +119,12 @@ class ScorerDeployment:
             self.service = await self._engine.start()
         else:
             self.service = ScoringService(
-                await asyncio.to_thread(ready_engine, s), s.batch_policy(), s.knobs()
+                await asyncio.to_thread(ready_engine, s, "replica"), s.batch_policy(), s.knobs()
             )
             self.service.start()
         self.handler.service = self.service
         self._metrics_http, self._metrics_port = _serve_metrics(s, self._engine.dir if self._engine else None)
-        freeze_heap()  # the replica's own process too (the engine's froze in ready_engine)
+        freeze_heap("replica")  # the replica's own process too (a child engine's froze in ready_engine)
         metrics.READY.set(1)
         log.info(
             "SERVING %s%s; metrics on port %s",

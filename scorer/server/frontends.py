@@ -512,7 +512,7 @@ async def _frontend(args: Settings, address: str, index: int, parent: int) -> No
     def take(info: EngineInfo) -> None:  # tokenize as the engine does, from now on
         tokenizing = Tokenizing(load_tokenizer(info.model_dir), info)
         handler.service = RemoteScoring(tokenizing, link, args.knobs())
-        freeze_heap()
+        freeze_heap("frontend")
         link.send("ready", None)
 
     try:
@@ -654,7 +654,7 @@ async def _engine_for_one(settings: Settings, path: str) -> None:
     await link.start()
     service = None
     try:
-        engine = await asyncio.to_thread(ready_engine, settings)
+        engine = await asyncio.to_thread(ready_engine, settings, "engine")
         service = ScoringService(engine, settings.batch_policy(), settings.knobs())
         service.start()
         link.serve(service)

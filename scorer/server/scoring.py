@@ -120,25 +120,46 @@ def warm_up(engine: Engine) -> None:
         engine.score(ScoreRequest("warm-up query", docs, options=ScoreOptions(scheme=scheme)))
 
 
-def freeze_heap() -> None:
+def freeze_heap(role: str) -> None:
     """Collect once, then put every object alive now (modules, model, tokenizer, warm-up plans)
     out of the cyclic collector's reach (``gc.freeze``, as vLLM and SGLang do after warm-up): a
     full collection of a server's heap scans ~350k objects (170 ms on a 2-core VM,
     ``python -m bench.gc_pause``) and stalls every call in flight; frozen, a collection scans only
-    what was allocated since. Call it when a process has loaded what it serves with."""
+    what was allocated since. Call it when a process has loaded what it serves with; from then on
+    the collector's pauses are timed into ``scorer_gc_pause_seconds`` under ``role``."""
     gc.collect()
     gc.freeze()
+    _time_gc(role)
 
 
-def ready_engine(settings) -> Engine:
-    """Build the engine from ``settings``, warm every scheme up, and label ``scorer_model_info``:
-    what a server (standalone or a Ray replica) does before it reports SERVING."""
+def _time_gc(role: str) -> None:
+    """Time each collection of this process into GC_PAUSE (once per process and role)."""
+    if any(getattr(cb, "role", None) == role for cb in gc.callbacks):
+        return
+    started: dict[int, float] = {}
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[info["generation"]] = time.perf_counter()
+        elif (began := started.pop(info["generation"], None)) is not None:
+            metrics.GC_PAUSE.labels(process=role, generation=str(info["generation"])).observe(
+                time.perf_counter() - began
+            )
+
+    on_gc.role = role
+    gc.callbacks.append(on_gc)
+
+
+def ready_engine(settings, role: str = "server") -> Engine:
+    """Build the engine from ``settings``, warm every scheme up, freeze the heap (``role``: the
+    process's, for ``scorer_gc_pause_seconds``) and label ``scorer_model_info``: what a server
+    (standalone or a Ray replica) does before it reports SERVING."""
     engine = settings.build_engine()
     if engine.device.type == "cuda" and settings.host_threads:
         torch.set_num_threads(settings.host_threads)
     engine.runner.capture_graphs(engine.cache)
     warm_up(engine)
-    freeze_heap()
+    freeze_heap(role)
     runner = engine.runner
     metrics.MODEL_INFO.labels(
         model=engine.model_name,

@@ -23,6 +23,7 @@ EXPECTED_FAMILIES = {
     "scorer_queue_depth": "gauge",
     "scorer_inflight_requests": "gauge",
     "scorer_ready": "gauge",
+    "scorer_gc_pause_seconds": "histogram",
 }
 
 
@@ -57,3 +58,13 @@ def test_metric_names_are_prefixed_and_the_contract_families_are_there(server):
         assert server.metric("scorer_stage_duration_seconds_count", stage=stage) > 0
     assert server.metric("scorer_forward_passes_total") > 0
     assert server.metric("scorer_ready") == 1
+
+
+def test_the_collectors_pauses_are_timed_once_the_heap_is_frozen(server):
+    """The server froze its heap when ready (``freeze_heap``) and times each collection since:
+    calls allocate enough for the youngest generation to be collected."""
+    before = server.metric("scorer_gc_pause_seconds_count", process="server", generation="0")
+    stub = server.stub()
+    for i in range(20):
+        stub.ScoreDocs(pb.ScoreDocsRequest(prompt=f"q{i}", docs=[pb.Doc(text="d")] * 8), timeout=30)
+    assert server.metric("scorer_gc_pause_seconds_count", process="server", generation="0") > before
