@@ -32,7 +32,7 @@ from .server.calls import RequestIdFilter
 from .server.frontends import EngineProcess, on_gpu
 from .server.handler import CallHandler, Metadata, earliest, expired_code, sent_timeout
 from .server.http import build_app as build_http_app
-from .server.scoring import ScoringService, freeze_heap, ready_engine
+from .server.scoring import ScoringService, freeze_heap, process_age_s, ready_engine
 from .settings import Settings, scorer_args_model
 from .v1 import scorer_pb2 as pb
 
@@ -127,9 +127,10 @@ class ScorerDeployment:
         freeze_heap("replica")  # the replica's own process too (a child engine's froze in ready_engine)
         metrics.READY.set(1)
         log.info(
-            "SERVING %s%s; metrics on port %s",
+            "SERVING %s%s, %.1f s after the replica's process started; metrics on port %s",
             self.service.engine.model_name,
             f" (engine in process {self._engine.proc.pid})" if self._engine else "",
+            process_age_s(),
             self._metrics_port or "off",
         )
 

@@ -32,7 +32,7 @@ from ..v1 import scorer_pb2
 from .calls import Inflight, RequestIdFilter
 from .frontends import frontend_count, serve_split
 from .handler import CallHandler
-from .scoring import ScoringService, ready_engine
+from .scoring import ScoringService, process_age_s, ready_engine
 from .servicer import ScorerServicer
 
 log = logging.getLogger("scorer.server")
@@ -226,7 +226,7 @@ async def _start_service(args: Settings, signals: _Signals) -> ScoringService | 
 async def _serving(service: ScoringService, signals: _Signals) -> None:
     """The front ends have ``service``: SERVING, until the first signal."""
     metrics.READY.set(1)
-    log.info("SERVING %s", service.engine.model_name)
+    log.info("SERVING %s, %.1f s after the process started", service.engine.model_name, process_age_s())
     await signals.stop.wait()
 
 

@@ -590,6 +590,7 @@ class EngineProcess:
             self.proc = multiprocessing.get_context("spawn").Process(
                 target=engine_main, args=(settings, self.path), name="scorer-engine", daemon=True
             )
+            self.spawned = time.monotonic()
             self.proc.start()
         finally:
             del os.environ["PROMETHEUS_MULTIPROC_DIR"]  # this process's metrics stay its own
@@ -607,6 +608,7 @@ class EngineProcess:
                 break
             except (FileNotFoundError, ConnectionRefusedError):
                 await asyncio.sleep(0.05)
+        listening = time.monotonic()
         while True:
             self._check(give_up)
             try:
@@ -619,6 +621,14 @@ class EngineProcess:
             Tokenizing(load_tokenizer(value.model_dir), value), self.link, self.settings.knobs()
         )
         self.link.send("ready", None)
+        log.info(  # where a replica's start goes: the child's interpreter and imports, then the engine
+            "engine process %d ready %.1f s after it was started: %.1f s to its first line (interpreter,"
+            " imports), %.1f s to a warm engine (model, graphs, warm-up)",
+            self.proc.pid,
+            time.monotonic() - self.spawned,
+            listening - self.spawned,
+            time.monotonic() - listening,
+        )
         return service
 
     def _check(self, give_up: float) -> None:

@@ -120,6 +120,17 @@ def warm_up(engine: Engine) -> None:
         engine.score(ScoreRequest("warm-up query", docs, options=ScoreOptions(scheme=scheme)))
 
 
+def process_age_s() -> float:
+    """Seconds since this process started (Linux's /proc; 0 elsewhere): how long a server took to
+    serve, imports and the interpreter's start included."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime
+    except (OSError, IndexError, ValueError):
+        return 0.0
+    return time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / os.sysconf("SC_CLK_TCK")
+
+
 def freeze_heap(role: str) -> None:
     """Collect once, then put every object alive now (modules, model, tokenizer, warm-up plans)
     out of the cyclic collector's reach (``gc.freeze``, as vLLM and SGLang do after warm-up): a

@@ -133,3 +133,10 @@ def test_settings_check_cuda_the_model_directory_and_the_tls_files(tmp_path, sco
 def test_settings_take_the_edges_of_their_ranges():
     edges = dict(port=65535, metrics_port=0, max_queue=1, max_docs=1, max_wait_ms=0, drain_seconds=0)
     assert Settings(**edges, cuda_graph_max_tokens=0, call_timeout_s=0.5, device="cpu").port == 65535
+
+
+def test_the_serving_log_lines_age_counts_from_the_process_start():
+    """process_age_s (in the SERVING lines): a process that slept 1 s first is at least 1 s old."""
+    code = "import time; time.sleep(1.0); from scorer.server import scoring; print(scoring.process_age_s())"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert 1.0 <= float(out.stdout) < 120, out.stdout
