@@ -1,7 +1,8 @@
 """Host time to plan workload A on the prefix cache, without the model: ``Engine.plan`` alone and
-``Engine._plan_on_cache`` (the cache's reservation and ``on_pool``; its lease then aborted, so
-each call's prompt is new to the cache, as at light load), for one call and for batches of 19
-(a serving batch of A), on one torch thread (``--host-threads``' default), median ms.
+``Engine._plan_on_cache`` for prompts seen once (the default admission keeps them off the pool)
+and for prompts written to the pool (the cache's reservation and ``on_pool``; the lease then
+aborted, so each use writes again), for one call and for batches of 19 (a serving batch of A),
+on one torch thread (``--host-threads``' default), median ms.
 
     python -m bench.plan_on_cache [--out DIR]      # prints a table, writes plan_on_cache.json
 """
@@ -38,17 +39,37 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     engine = Settings().build_engine()
-    jobs = [engine.tokenize(r) for r in calls(400, engine.runner.model.config.vocab_size)]
+    jobs = [engine.tokenize(r) for r in calls(1200, engine.runner.model.config.vocab_size)]
+    fresh = iter(jobs[600:])  # prompts the cache has never seen: one use each
 
     def on_cache(batch):
         _, lease, _ = engine._plan_on_cache(batch)
-        lease.abort()
+        if lease is not None:
+            lease.abort()  # its blocks dropped: the next use writes them again
+
+    def admit(n):
+        def set_admit():
+            engine.cache.admit = n
+
+        return set_admit
 
     rows = {}
-    for name, fn in (("plan", engine.plan), ("plan on the cache", on_cache)):
+    cases = (
+        ("plan", engine.plan, None, False),
+        # admit 2, the default: a prompt seen once neither reads nor writes the pool
+        ("plan on the cache, prompts seen once", on_cache, admit(2), True),
+        # every prompt written (admit 1, or a prompt seen before): the pool's reservation, on_pool
+        ("plan on the cache, prompts written", on_cache, admit(1), False),
+    )
+    for name, fn, setup, new in cases:
+        if setup is not None:
+            setup()
         for size in (1, BATCH):
-            batches = [jobs[i : i + size] for i in range(0, len(jobs) - size + 1, size)][:60]
-            for b in batches[:5]:
+            if new:
+                batches = [[next(fresh) for _ in range(size)] for _ in range(20 if size > 1 else 60)]
+            else:
+                batches = [jobs[i : i + size] for i in range(0, 600 - size + 1, size)][:60]
+            for b in batches[:5] if not new else [jobs[:size]] * 5:
                 fn(b)
             times = []
             for b in batches:
@@ -56,6 +77,7 @@ def main(argv: list[str] | None = None) -> None:
                 fn(b)
                 times.append((time.perf_counter() - t0) * 1e3)
             rows[f"{name}, {size} call{'s' if size > 1 else ''}"] = statistics.median(times)
+    engine.cache.admit = 2
     print(
         f"| {args.label or 'this tree'} | " + " | ".join(f"{k}: {v:.3f} ms" for k, v in rows.items()) + " |"
     )

@@ -203,6 +203,7 @@ class PrefixCache:
         prompt of the batch reads them."""
         lease = Lease(self)
         hits = []
+        hit_tokens = lookup_tokens = 0
         with self._lock:
             for prompt in prompts:
                 if prompt is None:
@@ -211,10 +212,8 @@ class PrefixCache:
                 ids, salt, hint = prompt
                 blocks, slots = self._match(ids, salt, hint)
                 hit = len(blocks) * self.block
-                self.stats["hit_tokens"] += hit
-                self.stats["lookup_tokens"] += len(ids)
-                metrics.PREFIX_CACHE_HIT_TOKENS.inc(hit)
-                metrics.PREFIX_CACHE_LOOKUP_TOKENS.inc(len(ids))
+                hit_tokens += hit
+                lookup_tokens += len(ids)
                 if blocks:
                     deepest = blocks[-1]
                     deepest.refs += 1
@@ -223,6 +222,10 @@ class PrefixCache:
                         self._leaves.move_to_end(deepest.id)
                 new = self._insert(ids, salt, blocks[-1] if blocks else None, len(blocks), lease)
                 hits.append(PrefixHit(slots, self.slots([blk.page for blk in new])))
+            self.stats["hit_tokens"] += hit_tokens
+            self.stats["lookup_tokens"] += lookup_tokens
+            metrics.PREFIX_CACHE_HIT_TOKENS.inc(hit_tokens)
+            metrics.PREFIX_CACHE_LOOKUP_TOKENS.inc(lookup_tokens)
             self._report()
         return hits, lease
 
@@ -259,8 +262,10 @@ class PrefixCache:
                 continue
             if admitted is None:
                 admitted = i - start
-            self._seen[h] = None
-            self._seen.move_to_end(h)
+            if h in self._seen:
+                self._seen.move_to_end(h)
+            else:
+                self._seen[h] = None
         while len(self._seen) > SEEN:
             self._seen.popitem(last=False)
         return n if admitted is None else admitted
@@ -290,9 +295,10 @@ class PrefixCache:
     # -- slots -----------------------------------------------------------------------------------
 
     def slots(self, pages: Sequence[int]) -> torch.Tensor:
-        """The slots of ``pages``, in order (int64)."""
+        """The slots of ``pages``, in order (int64; no pages: one shared empty tensor, never
+        written to)."""
         if not pages:
-            return torch.zeros(0, dtype=torch.int64)
+            return NO_HIT.cached
         return (torch.tensor(pages, dtype=torch.int64).unsqueeze(1) * self.block + self._in_page).flatten()
 
     def alloc(self, n: int) -> list[int] | None:
