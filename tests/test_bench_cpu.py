@@ -55,3 +55,13 @@ def test_a_ready_engine_leaves_its_heap_frozen_and_a_full_collection_cheap(tmp_p
         assert frozen["median_ms"] < unfrozen["median_ms"]
     finally:
         gc.unfreeze()
+
+
+def test_plan_on_cache_times_every_path(tmp_path, capsys):
+    """bench.plan_on_cache: the plan alone, prompts seen once (off the pool), prompts written."""
+    from bench import plan_on_cache
+
+    plan_on_cache.main(["--out", str(tmp_path), "--label", "test"])
+    (record,) = json.loads((tmp_path / "plan_on_cache.json").read_text())["records"]
+    assert len(record) == 7 and all(v > 0 for k, v in record.items() if k != "label"), record
+    assert record["plan on the cache, prompts written, 19 calls"] > record["plan, 19 calls"]
