@@ -11,6 +11,7 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -143,22 +144,36 @@ def freeze_heap(role: str) -> None:
     _time_gc(role)
 
 
+GC_DRAIN_S = 1.0
+"""How often the collector's timed pauses reach ``scorer_gc_pause_seconds``."""
+
+
 def _time_gc(role: str) -> None:
-    """Time each collection of this process into GC_PAUSE (once per process and role)."""
+    """Time each collection of this process into GC_PAUSE (once per process and role). The
+    collector calls back at any allocation, also inside a metric's update holding its
+    (non-reentrant) lock: the callback only appends to a deque (atomic, no lock), and a thread of
+    its own moves the pauses into the histogram."""
     if any(getattr(cb, "role", None) == role for cb in gc.callbacks):
         return
     started: dict[int, float] = {}
+    pauses: deque[tuple[int, float]] = deque(maxlen=100_000)
 
     def on_gc(phase: str, info: dict) -> None:
         if phase == "start":
             started[info["generation"]] = time.perf_counter()
         elif (began := started.pop(info["generation"], None)) is not None:
-            metrics.GC_PAUSE.labels(process=role, generation=str(info["generation"])).observe(
-                time.perf_counter() - began
-            )
+            pauses.append((info["generation"], time.perf_counter() - began))
+
+    def drain() -> None:
+        while True:
+            time.sleep(GC_DRAIN_S)
+            while pauses:
+                generation, seconds = pauses.popleft()
+                metrics.GC_PAUSE.labels(process=role, generation=str(generation)).observe(seconds)
 
     on_gc.role = role
     gc.callbacks.append(on_gc)
+    threading.Thread(target=drain, name=f"gc-pauses-{role}", daemon=True).start()
 
 
 def ready_engine(settings, role: str = "server") -> Engine:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from prometheus_client.parser import text_string_to_metric_families
 
 from scorer.planning import REGISTRY
@@ -67,4 +69,37 @@ def test_the_collectors_pauses_are_timed_once_the_heap_is_frozen(server):
     stub = server.stub()
     for i in range(20):
         stub.ScoreDocs(pb.ScoreDocsRequest(prompt=f"q{i}", docs=[pb.Doc(text="d")] * 8), timeout=30)
-    assert server.metric("scorer_gc_pause_seconds_count", process="server", generation="0") > before
+    assert (
+        server.wait_metric("scorer_gc_pause_seconds_count", before + 1, process="server", generation="0")
+        > before
+    )
+
+
+def test_the_collectors_callback_only_queues_and_a_thread_of_its_own_observes(monkeypatch):
+    """A collection can start inside a metric's update, which holds a lock the histogram's own
+    update would wait for forever (the split server once hung so): the callback observes nothing;
+    the pauses reach the histogram from the drain thread."""
+    import gc
+    import threading
+
+    from scorer import metrics
+    from scorer.server import scoring
+
+    observed_on = []
+    labels = metrics.GC_PAUSE.labels
+    monkeypatch.setattr(
+        metrics.GC_PAUSE,
+        "labels",
+        lambda **kw: observed_on.append(threading.current_thread().name) or labels(**kw),
+    )
+    monkeypatch.setattr(scoring, "GC_DRAIN_S", 0.05)
+    scoring._time_gc("test")
+    try:
+        gc.collect()
+        deadline = time.monotonic() + 5
+        while "gc-pauses-test" not in observed_on and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert "gc-pauses-test" in observed_on  # (other tests' servers in this process drain too)
+        assert all(name.startswith("gc-pauses-") for name in observed_on), observed_on
+    finally:
+        gc.callbacks[:] = [cb for cb in gc.callbacks if getattr(cb, "role", None) != "test"]
