@@ -47,23 +47,16 @@ def main(argv: list[str] | None = None) -> None:
         if lease is not None:
             lease.abort()  # its blocks dropped: the next use writes them again
 
-    def admit(n):
-        def set_admit():
-            engine.cache.admit = n
-
-        return set_admit
-
     rows = {}
-    cases = (
-        ("plan", engine.plan, None, False),
+    cases = (  # name, what is timed, the cache's admit, prompts the cache has never seen
+        ("plan", engine.plan, 2, False),
         # admit 2, the default: a prompt seen once neither reads nor writes the pool
-        ("plan on the cache, prompts seen once", on_cache, admit(2), True),
+        ("plan on the cache, prompts seen once", on_cache, 2, True),
         # every prompt written (admit 1, or a prompt seen before): the pool's reservation, on_pool
-        ("plan on the cache, prompts written", on_cache, admit(1), False),
+        ("plan on the cache, prompts written", on_cache, 1, False),
     )
-    for name, fn, setup, new in cases:
-        if setup is not None:
-            setup()
+    for name, fn, admit, new in cases:
+        engine.cache.admit = admit
         for size in (1, BATCH):
             if new:
                 batches = [[next(fresh) for _ in range(size)] for _ in range(20 if size > 1 else 60)]

@@ -117,6 +117,7 @@ class ScorerDeployment:
         if engine_in_child(s):
             self._engine = EngineProcess(s)
             self.service = await self._engine.start()
+            freeze_heap("replica")  # this process's heap (an engine here froze in ready_engine)
         else:
             self.service = ScoringService(
                 await asyncio.to_thread(ready_engine, s, "replica"), s.batch_policy(), s.knobs()
@@ -124,7 +125,6 @@ class ScorerDeployment:
             self.service.start()
         self.handler.service = self.service
         self._metrics_http, self._metrics_port = _serve_metrics(s, self._engine.dir if self._engine else None)
-        freeze_heap("replica")  # the replica's own process too (a child engine's froze in ready_engine)
         metrics.READY.set(1)
         log.info(
             "SERVING %s%s, %.1f s after the replica's process started; metrics on port %s",

@@ -621,13 +621,14 @@ class EngineProcess:
             Tokenizing(load_tokenizer(value.model_dir), value), self.link, self.settings.knobs()
         )
         self.link.send("ready", None)
+        now = time.monotonic()
         log.info(  # where a replica's start goes: the child's interpreter and imports, then the engine
             "engine process %d ready %.1f s after it was started: %.1f s to its first line (interpreter,"
             " imports), %.1f s to a warm engine (model, graphs, warm-up)",
             self.proc.pid,
-            time.monotonic() - self.spawned,
+            now - self.spawned,
             listening - self.spawned,
-            time.monotonic() - listening,
+            now - listening,
         )
         return service
 
