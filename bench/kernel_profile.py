@@ -110,8 +110,11 @@ def profile(engine, reqs, budget: int, n_batches: int, tmp: Path) -> dict:
         "busy_ms_per_batch": busy_us(ks) / 1e3 / n_batches,
         "kernel_ms_per_batch": kernel_us / 1e3 / n_batches,
         "families": {
-            f: {"ms_per_batch": us / 1e3 / n_batches, "launches_per_batch": fam_n[f] / n_batches,
-                "share": us / kernel_us}  # fmt: skip
+            f: {
+                "ms_per_batch": us / 1e3 / n_batches,
+                "launches_per_batch": fam_n[f] / n_batches,
+                "share": us / kernel_us,
+            }  # fmt: skip
             for f, us in sorted(fam_us.items(), key=lambda x: -x[1])
         },
         "top_kernels": [
@@ -128,7 +131,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=Path("out"))
     ap.add_argument("--model", default="qwen3-0.6b")
     ap.add_argument("--workloads", default="A,E")
-    ap.add_argument("--kernels", default="fused", help="comma-separated model kernels, each profiled")
+    ap.add_argument(
+        "--kernels",
+        default="fused",
+        help="comma-separated model kernels, each profiled (KERNELS/nodefer:"
+        " each layer adds its own MLP residual)",
+    )
     ap.add_argument("--batches", type=int, default=12)
     ap.add_argument("--budget", type=int, default=16384)
     ap.add_argument("--device", default="cuda")
@@ -138,7 +146,9 @@ def main(argv: list[str] | None = None) -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     result = {**environment(device), "matmul_tflops": matmul_tflops(device), "records": []}
     for kernels in a.kernels.split(","):
-        engine = engine_for(cfg, device, kernels, a.budget)
+        engine = engine_for(
+            cfg, device, kernels.split("/")[0], a.budget, defer=not kernels.endswith("/nodefer")
+        )
         for w in a.workloads.split(","):
             rec = {"model": a.model, "kernels": kernels, "workload": w}
             rec |= profile(engine, calls(w, 64, cfg["vocab_size"]), a.budget, a.batches, a.out)
@@ -163,7 +173,10 @@ def _print(r: dict, peak: float) -> None:
     print("| family | ms/batch | share | launches/batch | us/launch |\n|---|---:|---:|---:|---:|")
     for f, v in r["families"].items():
         per = v["ms_per_batch"] * 1e3 / max(v["launches_per_batch"], 1e-9)
-        print(f"| {f} | {v['ms_per_batch']:.2f} | {v['share']:.3f} | {v['launches_per_batch']:.0f} | {per:.1f} |")
+        print(
+            f"| {f} | {v['ms_per_batch']:.2f} | {v['share']:.3f} | {v['launches_per_batch']:.0f}"
+            f" | {per:.1f} |"
+        )
     print("| kernel | ms/batch |\n|---|---:|")
     for k in r["top_kernels"][:12]:
         print(f"| `{k['name']}` | {k['ms_per_batch']:.2f} |")

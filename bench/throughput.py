@@ -356,11 +356,13 @@ def _hf_prefix(model, req: ScoreRequest, bsz: int, device) -> None:
         _last_rows(model, out.last_hidden_state, torch.tensor([len(s) - 1 for s in chunk], device=device))
 
 
-def engine_for(cfg: dict, device: torch.device, kernels: str, budget: int) -> Engine:
+def engine_for(cfg: dict, device: torch.device, kernels: str, budget: int, defer: bool = True) -> Engine:
     """The serving configuration (FlashInfer, CUDA graphs); the torch reference on the CPU (smoke);
-    the embedded tokenizer, for the text calls."""
+    the embedded tokenizer, for the text calls. ``defer=False``: each layer adds its MLP residual
+    itself instead of leaving it to the next layer's fused add-and-norm (to measure that fusion)."""
     cuda = device.type == "cuda"
     model = build_model(device, cfg["num_hidden_layers"], kernels if cuda else "torch", cfg)
+    model.defers_residual = model.defers_residual and defer
     mc = model.config
     spec = HeadSpec(mc.num_heads, mc.num_kv_heads, mc.head_dim, torch.bfloat16, device)
     if cuda:

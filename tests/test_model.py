@@ -306,3 +306,30 @@ def test_fused_kernel_wiring_matches_the_eager_model(
         hidden = graphs.forward_hidden(input_ids, positions, attn)
         torch.testing.assert_close(model.score_logits(hidden), expected, atol=1e-4, rtol=0)
     assert graphs.stats["graphed_forwards"] == 1
+
+
+@pytest.mark.parametrize("graphed", [False, True])
+def test_deferring_the_mlp_residual_to_the_next_norm_changes_no_bit(graphed: bool, tmp_path: Path) -> None:
+    """A layer that leaves its MLP output for the next layer's input norm to add (the fused
+    kernels' one add-and-norm kernel) computes the same sums in the same order: in bf16, eager and
+    over the graph runner's buffers, the hidden states equal the add-then-norm model's bit for bit."""
+    from scorer.models.graphs import GraphedDecoder
+
+    model = load_model(save_hf_checkpoint(CASES["qwen3-tied"], tmp_path), dtype=torch.bfloat16)[0]
+    input_ids = torch.randint(0, VOCAB, (SEQ_LEN,), generator=torch.Generator().manual_seed(3))
+    positions = torch.arange(SEQ_LEN)
+    out = {}
+    for defer in (False, True):
+        model.defers_residual = defer
+        run = GraphedDecoder(model, 32, capture=False) if graphed else model
+        if graphed:
+            run.warm_up()
+            assert (run.pending is not None) == defer
+        with torch.no_grad():
+            out[defer] = run.forward_hidden(input_ids, positions, causal_attention_out).clone()
+    assert out[True].dtype == torch.bfloat16 and torch.equal(out[True], out[False])
+
+
+def causal_attention_out(layer, q, k, v, out=None):
+    o = causal_attention(layer, q, k, v)
+    return o if out is None else out.copy_(o)

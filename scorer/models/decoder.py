@@ -112,10 +112,19 @@ class MLP(nn.Module):
 
         self.gate_up: tuple[torch.Tensor, torch.Tensor | None] | None = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate_up is not None:
-            return self.down_proj(fused.silu_and_mul(F.linear(x, *self.gate_up)))
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The MLP of x; written into ``out`` when given (by the down GEMM itself once gate/up
+        are merged)."""
+        if self.gate_up is None:
+            y = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+            return y if out is None else out.copy_(y)
+        act = fused.silu_and_mul(F.linear(x, *self.gate_up))
+        if out is None:
+            return self.down_proj(act)
+        down = self.down_proj
+        if down.bias is None:
+            return torch.mm(act, down.weight.t(), out=out)
+        return torch.addmm(down.bias, act, down.weight.t(), out=out)
 
     def merge_gate_up(self) -> None:
         """One GEMM for gate and up: their weights become views of one tensor."""
@@ -132,26 +141,31 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, fused)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, fused)
 
-    def forward(self, h: torch.Tensor, rope: Rope, attn: AttnFn) -> torch.Tensor:
-        q, k, v = self.qkv(h, rope)
-        return self.finish(h, attn(self.self_attn.layer_idx, q, k, v))
-
-    def qkv(self, h: torch.Tensor, rope: Rope, out: QKV | None = None) -> QKV:
-        """The first half of the layer, up to attention."""
-        return self.self_attn.qkv(self.input_layernorm(h), rope, out)
+    def qkv(
+        self, h: torch.Tensor, rope: Rope, out: QKV | None = None, pending: torch.Tensor | None = None
+    ) -> QKV:
+        """The first half of the layer, up to attention. ``pending``: the last layer's MLP output,
+        not yet added to ``h``; the add is fused into this layer's input norm (``h`` updated in
+        place, ``pending`` overwritten)."""
+        norm = self.input_layernorm
+        x = norm(h) if pending is None else _add_norm(pending, h, norm)
+        return self.self_attn.qkv(x, rope, out)
 
     def finish(
-        self, h: torch.Tensor, attn_out: torch.Tensor, out: torch.Tensor | None = None
+        self,
+        h: torch.Tensor,
+        attn_out: torch.Tensor,
+        out: torch.Tensor | None = None,
+        pending: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The second half: output projection, residuals and MLP; ``out`` may alias ``h``. With
-        the fused kernels the first residual add updates ``h`` in place."""
+        the first residual add updates ``h`` in place, and with ``pending`` (a
+        buffer like ``h``) the MLP's output is written there and returned, its add left to the
+        next layer's input norm (``qkv``) or the caller."""
         o = self.self_attn.o_proj(attn_out.reshape(h.shape[0], -1))
-        norm = self.post_attention_layernorm
-        if norm.fused:
-            x = fused.add_rms_norm_(o, h, norm.weight, norm.eps)
-        else:
-            h = h + o
-            x = norm(h)
+        x = _add_norm(o, h, self.post_attention_layernorm)
+        if pending is not None:
+            return self.mlp(x, out=pending)
         return torch.add(h, self.mlp(x), out=out)
 
 
@@ -181,6 +195,10 @@ class DecoderLM(nn.Module):
         self.model = Backbone(config, self.fused, one_gemm=kernels == "fused")
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
+        self.defers_residual = self.fused
+        """Does a layer leave its MLP residual to the next layer's input norm (one fused
+        add-and-norm kernel instead of an add and a norm; the same sums, rounded alike)? With
+        FlashInfer's kernels; settable before graphs are built (tests)."""
 
     @property
     def fused(self) -> bool:
@@ -220,27 +238,50 @@ class DecoderLM(nn.Module):
         """The rotation of token positions [T], once per forward pass."""
         return self.model.rotary_emb(positions, dtype)
 
-    def layer_qkv(self, i: int, h: torch.Tensor, rope: Rope, out: QKV | None = None) -> QKV:
-        """Layer ``i`` up to attention: its RoPE'd heads (into ``out`` when given)."""
-        return self.model.layers[i].qkv(h, rope, out)
+    def layer_qkv(
+        self, i: int, h: torch.Tensor, rope: Rope, out: QKV | None = None, pending: torch.Tensor | None = None
+    ) -> QKV:
+        """Layer ``i`` up to attention: its RoPE'd heads (into ``out`` when given); ``pending``:
+        the MLP output of layer ``i - 1`` still to add to ``h`` (``defers_residual``)."""
+        return self.model.layers[i].qkv(h, rope, out, pending)
 
     def layer_finish(
-        self, i: int, h: torch.Tensor, attn_out: torch.Tensor, out: torch.Tensor | None = None
+        self,
+        i: int,
+        h: torch.Tensor,
+        attn_out: torch.Tensor,
+        out: torch.Tensor | None = None,
+        pending: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Layer ``i`` after attention: output projection, residuals, MLP; ``out`` may alias ``h``."""
-        return self.model.layers[i].finish(h, attn_out, out)
+        """Layer ``i`` after attention: output projection, residuals, MLP; ``out`` may alias ``h``.
+        With ``pending`` the MLP's output goes there instead of onto ``h`` (``defers_residual``)."""
+        return self.model.layers[i].finish(h, attn_out, out, pending)
 
     def forward_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttnFn) -> torch.Tensor:
         """input_ids, positions: [T] long -> hidden states [T, hidden] before the final norm."""
         h = self.embed(input_ids)
         rope = self.rope(positions, h.dtype)
-        for layer in self.model.layers:
-            h = layer(h, rope, attn)
-        return h
+        pending = None
+        for i, layer in enumerate(self.model.layers):
+            q, k, v = layer.qkv(h, rope, pending=pending)
+            a = attn(i, q, k, v)
+            if self.defers_residual:
+                pending = layer.finish(h, a, pending=torch.empty_like(h) if pending is None else pending)
+            else:
+                h = layer.finish(h, a)
+        return h if pending is None else h.add_(pending)
 
     def score_logits(self, hidden_rows: torch.Tensor) -> torch.Tensor:
         """Final norm and lm_head on the given rows [R, hidden] only -> fp32 logits [R, vocab]."""
         return self.lm_head(self.model.norm(hidden_rows)).float()
+
+
+def _add_norm(x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
+    """``residual += x`` in place, then ``norm(residual)``, written over ``x`` and returned."""
+    if norm.fused:
+        return fused.add_rms_norm_(x, residual, norm.weight, norm.eps)
+    residual.add_(x)
+    return norm(residual, out=x)
 
 
 def _merge(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
