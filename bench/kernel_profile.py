@@ -12,7 +12,9 @@ against the 8192^3 matmul of the same run. Graph replays are traced per kernel.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import os
 import re
 import time
 from collections import defaultdict
@@ -21,12 +23,14 @@ from pathlib import Path
 
 import torch
 
+from scorer.attention.flashinfer import KERNELS_ENV
+
 from .throughput import MODELS, batches, calls, engine_for, matmul_tflops
 from .timing import environment, sync, write_json
 
-FAMILIES = (  # the first pattern a kernel's name matches names its family
+FAMILIES = (  # the first pattern a kernel's name matches names its family (FA3's names hold "cutlass")
+    ("attention", r"PrefillWithKVCache|BatchPrefill|MergeState|Attention"),
     ("gemm", r"gemm|cutlass|xmma|nvjet|cublas|splitKreduce"),
-    ("attention", r"Prefill|Attention|MergeState|flash"),
     ("qk_norm_rope", r"qk_norm_rope"),
     ("add_rmsnorm", r"FusedAddRMSNorm"),
     ("rmsnorm", r"RMSNorm"),
@@ -66,15 +70,15 @@ def busy_us(kernels: list[dict]) -> float:
     return total
 
 
-def profile(engine, reqs, budget: int, n_batches: int, tmp: Path) -> dict:
-    jobs = [engine.tokenize(replace(r, options=replace(r.options, scheme="auto"))) for r in reqs]
+def profile(engine, reqs, scheme: str, budget: int, n_batches: int, tmp: Path) -> dict:
+    jobs = [engine.tokenize(replace(r, options=replace(r.options, scheme=scheme))) for r in reqs]
     todo = batches(jobs, budget)
     for b in todo[:3]:
         engine.score_batch(b)
     sync(engine.device)
-    acts = [torch.profiler.ProfilerActivity.CPU]
-    if engine.device.type == "cuda":
-        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    # the device's activity only: tracing every host op would slow the launches being measured
+    cuda = engine.device.type == "cuda"
+    acts = [torch.profiler.ProfilerActivity.CUDA if cuda else torch.profiler.ProfilerActivity.CPU]
     with torch.profiler.profile(activities=acts) as prof:
         t0, waiting = time.perf_counter(), None
         for k in range(n_batches):
@@ -101,6 +105,7 @@ def profile(engine, reqs, budget: int, n_batches: int, tmp: Path) -> dict:
     )
     kernel_us = sum(fam_us.values())
     return {
+        "scheme_used": sorted({j.scheme.name for j in jobs}),
         "batches": n_batches,
         "tokens_per_batch": tokens / n_batches,
         "rows_per_batch": rows / n_batches,
@@ -108,6 +113,12 @@ def profile(engine, reqs, budget: int, n_batches: int, tmp: Path) -> dict:
         / n_batches,
         "wall_ms_per_batch": wall * 1e3 / n_batches,
         "busy_ms_per_batch": busy_us(ks) / 1e3 / n_batches,
+        # first kernel's start to the last one's end: without the first launch and the last wait
+        "span_ms_per_batch": (max(k["ts"] + k["dur"] for k in ks) - min(k["ts"] for k in ks))
+        / 1e3
+        / n_batches
+        if ks
+        else 0.0,
         "kernel_ms_per_batch": kernel_us / 1e3 / n_batches,
         "families": {
             f: {
@@ -137,6 +148,12 @@ def main(argv: list[str] | None = None) -> None:
         help="comma-separated model kernels, each profiled (KERNELS/nodefer:"
         " each layer adds its own MLP residual)",
     )
+    ap.add_argument("--schemes", default="auto", help="comma-separated: auto or a scheme, each profiled")
+    ap.add_argument(
+        "--attention",
+        default="auto",
+        help="comma-separated FlashInfer kernels (auto, fa2, fa3), each profiled",
+    )
     ap.add_argument("--batches", type=int, default=12)
     ap.add_argument("--budget", type=int, default=16384)
     ap.add_argument("--device", default="cuda")
@@ -145,28 +162,49 @@ def main(argv: list[str] | None = None) -> None:
     cfg = MODELS[a.model]
     a.out.mkdir(parents=True, exist_ok=True)
     result = {**environment(device), "matmul_tflops": matmul_tflops(device), "records": []}
-    for kernels in a.kernels.split(","):
-        engine = engine_for(
-            cfg, device, kernels.split("/")[0], a.budget, defer=not kernels.endswith("/nodefer")
-        )
-        for w in a.workloads.split(","):
-            rec = {"model": a.model, "kernels": kernels, "workload": w}
-            rec |= profile(engine, calls(w, 64, cfg["vocab_size"]), a.budget, a.batches, a.out)
+    for kernels, attention in itertools.product(a.kernels.split(","), a.attention.split(",")):
+        os.environ[KERNELS_ENV] = attention
+        defer = not kernels.endswith("/nodefer")
+        engine = engine_for(cfg, device, kernels.split("/")[0], a.budget, defer=defer)
+        for w, scheme in itertools.product(a.workloads.split(","), a.schemes.split(",")):
+            rec = {
+                "model": a.model,
+                "kernels": kernels,
+                "attention": attention,
+                "workload": w,
+                "scheme": scheme,
+            }
+            rec |= profile(engine, calls(w, 64, cfg["vocab_size"]), scheme, a.budget, a.batches, a.out)
             rows, gemm_us = rec.pop("_rows_total"), rec.pop("_gemm_us")
             rec["gemm_tflops"] = gemm_flops(cfg, rows) / (gemm_us * 1e-6) / 1e12 if gemm_us else None
+            rec["docs_s"] = rec["docs_per_batch"] / rec["wall_ms_per_batch"] * 1e3
             result["records"].append(rec)
             write_json(a.out / "kernel_profile.json", result)
             _print(rec, result["matmul_tflops"])
         del engine
         torch.cuda.empty_cache()
     (a.out / "trace.json").unlink(missing_ok=True)
+    print(
+        "\n| workload | kernels | attention | scheme | docs/s | wall ms | span ms | busy ms | attention ms"
+        " | GEMM ms |\n|---|---|---|---|---:|---:|---:|---:|---:|---:|"
+    )
+    for r in result["records"]:
+        fam = {f: v["ms_per_batch"] for f, v in r["families"].items()}
+        print(
+            f"| {r['workload']} | {r['kernels']} | {r['attention']} | {r['scheme']}"
+            f" ({','.join(r['scheme_used'])}) | {r['docs_s']:,.0f} | {r['wall_ms_per_batch']:.2f}"
+            f" | {r['span_ms_per_batch']:.2f} | {r['busy_ms_per_batch']:.2f} | {fam.get('attention', 0):.2f}"
+            f" | {fam.get('gemm', 0):.2f} |"
+        )
 
 
 def _print(r: dict, peak: float) -> None:
     print(
-        f"\n{r['model']} {r['workload']} kernels={r['kernels']}: {r['tokens_per_batch']:.0f} tokens"
+        f"\n{r['model']} {r['workload']} kernels={r['kernels']} attention={r['attention']}"
+        f" scheme={r['scheme']}: {r['tokens_per_batch']:.0f} tokens"
         f" ({r['rows_per_batch']:.0f} rows), {r['docs_per_batch']:.0f} docs a batch; wall"
-        f" {r['wall_ms_per_batch']:.2f} ms, busy {r['busy_ms_per_batch']:.2f} ms, kernels"
+        f" {r['wall_ms_per_batch']:.2f} ms, kernels' span {r['span_ms_per_batch']:.2f} ms, busy"
+        f" {r['busy_ms_per_batch']:.2f} ms, kernels"
         f" {r['kernel_ms_per_batch']:.2f} ms; GEMMs at {r['gemm_tflops'] or 0:.0f} TFLOP/s"
         f" ({(r['gemm_tflops'] or 0) / peak:.2f} of the matmul)"
     )

@@ -233,3 +233,45 @@ def test_split_to_budget_reuses_the_prompt_and_equals_naive(shape, scheme, budge
             shape.prefix_len if name == "naive" or p is plan.passes[0] else 0
         )
         assert p.num_rows <= max(budget, multi_item_rows)
+
+
+def _mask_keys_per_query(c) -> float:
+    """Keys per query counted from the reference mask of every request of ``c``."""
+    seen = 0
+    for i in range(c.num_requests):
+        q_len = int(c.qo_indptr[i + 1] - c.qo_indptr[i])
+        kv_len = int(c.kv_indptr[i + 1] - c.kv_indptr[i])
+        seen += int(request_mask(c, i, q_len, kv_len).sum())
+    return seen / int(c.qo_indptr[-1])
+
+
+@pytest.mark.parametrize("scheme", ["naive", "ragged", "cascade", "multi_item", "grouped:3", "split_cache"])
+def test_keys_per_query_is_the_mask_work_per_row(scheme: str):
+    """The FA2/FA3 choice reads the mean keys a query sees: exact for causal and full calls,
+    within the items' own tokens for multi-item ones (those count their prefix only)."""
+    from scorer.attention.flashinfer import keys_per_query
+
+    shapes = [Shape(300, (50, 20, 70)), Shape(40, (5, 9))]
+    for p in _plan(scheme, shapes).passes:
+        for c in p.calls:
+            want = _mask_keys_per_query(c)
+            slack = 0 if c.multi_item is None else int(c.multi_item.max_item_len.max())
+            assert want - slack <= keys_per_query(c) <= want + 1e-9, (scheme, c)
+
+
+def test_fa3_only_on_hopper_where_queries_see_many_keys():
+    from scorer.attention.flashinfer import FA3_MIN_KEYS_PER_QUERY, choose_kernel, keys_per_query
+
+    def one_call(scheme, shape):
+        (p,) = _plan(scheme, [shape]).passes
+        (c,) = p.calls
+        return c
+
+    short = one_call("ragged", Shape(300, (50,) * 10))  # workload A: ~260 keys a query
+    long = one_call("multi_item", Shape(8000, (4,) * 32))  # workload D: ~4,000
+    assert keys_per_query(short) < FA3_MIN_KEYS_PER_QUERY <= keys_per_query(long)
+    assert [choose_kernel(c, "auto", True) for c in (short, long)] == ["fa2", "fa3"]
+    assert [choose_kernel(c, "auto", False) for c in (short, long)] == ["fa2", "fa2"]
+    assert choose_kernel(short, "fa3", True) == "fa3" and choose_kernel(long, "fa2", True) == "fa2"
+    masked = one_call("custom_mask", Shape(8000, (4,) * 2))
+    assert choose_kernel(masked, "auto", True) == choose_kernel(masked, "fa3", True) == "fa2"

@@ -35,6 +35,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..devices import to_device
@@ -71,10 +72,43 @@ def unsupported_reason(spec: HeadSpec) -> str | None:
     return None
 
 
-def default_kernel(device: torch.device) -> str:
-    """FA3 on Hopper (sm90), FA2 elsewhere; the custom mask always takes FA2."""
-    major, _ = torch.cuda.get_device_capability(device)
-    return "fa3" if major == 9 else "fa2"
+FA3_MIN_KEYS_PER_QUERY = 1024
+"""With ``kernels="auto"`` on Hopper, a call whose queries see at least this many keys on average
+runs FA3, a shorter one FA2. Measured at model level on the H200 (bench/RESULTS.md section 15):
+FA2 is 1.1-1.9x faster where queries see ~260-330 keys (300- and 100-token prompts: docs of 50
+tokens run in 128-row tiles that FA2 fills with both query heads of a KV head and FA3 does not),
+FA3 1.4-1.5x faster at ~1,900 (2,000-token prompts) and ~4,000 (8,000)."""
+
+
+def hopper(device: torch.device) -> bool:
+    return torch.cuda.get_device_capability(device)[0] == 9
+
+
+def keys_per_query(c: AttentionCall) -> float:
+    """The mean number of keys a query of ``c`` attends to: the work of its mask per row. A
+    multi-item request's items count their prefix only (their own tokens are a few dozen)."""
+    qo_ptr = c.qo_indptr.numpy()
+    q = np.diff(qo_ptr).astype(np.float64)
+    if c.multi_item is not None:
+        p = c.multi_item.prefix_len.numpy().astype(np.float64)
+        work = p * p / 2 + (q - p) * p
+    else:
+        pages = np.diff(c.kv_indptr.numpy()).astype(np.float64)
+        k = pages * c.page_size
+        if c.last_page_len is not None:
+            k += c.last_page_len.numpy() - c.page_size
+        work = q * (k - q) + q * (q + 1) / 2 if c.causal else q * k
+    return float(work.sum() / max(qo_ptr[-1] - qo_ptr[0], 1))
+
+
+def choose_kernel(c: AttentionCall, kernels: str, on_hopper: bool) -> str:
+    """The FlashInfer prefill kernel of a call: the custom mask runs on FA2 only; ``kernels``
+    when forced; for ``auto``, FA3 on Hopper where queries see many keys, FA2 otherwise."""
+    if c.custom_mask is not None:
+        return "fa2"
+    if kernels != "auto":
+        return kernels
+    return "fa3" if on_hopper and keys_per_query(c) >= FA3_MIN_KEYS_PER_QUERY else "fa2"
 
 
 @dataclass
@@ -157,8 +191,9 @@ class FlashInferBackend:
     spec
         Heads, head_dim, dtype and device of the model.
     kernels
-        ``"fa2"``, ``"fa3"`` or ``"auto"`` (FA3 on sm90, FA2 otherwise; the custom mask always
-        runs on FA2). ``$SCORER_FLASHINFER_KERNELS`` overrides ``"auto"``.
+        ``"fa2"``, ``"fa3"`` or ``"auto"`` (per call: FA3 on sm90 where queries see many keys,
+        ``choose_kernel``; FA2 otherwise). The custom mask always runs on FA2.
+        ``$SCORER_FLASHINFER_KERNELS`` overrides ``"auto"``.
     fast_run
         Launch single-call groups through ``_Launch`` where it applies (False: always the
         wrapper's ``run``; the GPU tests compare the two).
@@ -189,7 +224,8 @@ class FlashInferBackend:
             raise UnsupportedShape(f"FlashInfer cannot run {reason}")
         import flashinfer  # noqa: F401  (optional dependency; fails here, not in the layer loop)
 
-        self.kernels = default_kernel(spec.device) if kernels == "auto" else kernels
+        self.kernels = kernels
+        self._hopper = hopper(spec.device)
         with torch.inference_mode(False):
             self._workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=spec.device)
         self._wrappers: list[dict[tuple[int, str], object]] = [{} for _ in range(RING)]
@@ -199,7 +235,7 @@ class FlashInferBackend:
         self._num_calls = 0
 
     def kernel_for(self, c: AttentionCall) -> str:
-        return "fa2" if c.custom_mask is not None else self.kernels
+        return choose_kernel(c, self.kernels, self._hopper)
 
     def plan(self, p: Pass) -> None:
         """Plan every call of ``p`` (host metadata -> device, no synchronisation). A failure

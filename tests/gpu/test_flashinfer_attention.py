@@ -32,7 +32,7 @@ from scorer.planning.packbits import multi_item_mask, pack_segments  # noqa: E40
 
 DEV = torch.device("cuda")
 SM90 = torch.cuda.get_device_capability()[0] == 9
-KERNELS = ["fa2", pytest.param("fa3", marks=pytest.mark.skipif(not SM90, reason="FA3 needs sm90"))]
+KERNELS = ["auto", "fa2", pytest.param("fa3", marks=pytest.mark.skipif(not SM90, reason="FA3 needs sm90"))]
 SCHEMES = list(UNGROUPED) + ["grouped:1", "grouped:3", "grouped:8"]
 MAX_REL_ERR = 1e-2
 
@@ -163,6 +163,30 @@ def test_cascade_merges_once_per_layer():
     backend = FlashInferBackend(sp)
     replay_attention(make_plan("cascade", shapes), backend, *random_qkv(shapes, sp, 0))
     assert backend.stats == Counter({"calls": 3, "merges": 1})
+
+
+@pytest.mark.skipif(not SM90, reason="FA3 needs sm90")
+@pytest.mark.parametrize("scheme", ["cascade", "ragged", "multi_item"])
+def test_auto_runs_fa3_and_fa2_calls_of_one_pass_and_merges_them(scheme: str):
+    """``auto`` picks the kernel per call: with a long prompt beside a short one, cascade's prefix
+    and shared levels run FA3 and its unique level FA2, and their log-sum-exp merge is exact; one
+    batch of several passes' worth of prompts runs each call on its own kernel."""
+    sp = spec(torch.bfloat16)
+    if scheme == "cascade":
+        shapes = [Shape(2600, (40, 7, 90))]
+    else:  # two calls of one batch on different kernels: split it by prompt, one plan per call
+        shapes = [Shape(3000, (30, 12)), Shape(200, (50,) * 6)]
+    plans = [make_plan(scheme, shapes)] if scheme == "cascade" else [make_plan(scheme, [s]) for s in shapes]
+    for i, plan in enumerate(plans):
+        q, k, v = random_qkv(plan.shapes, sp, 40 + i)
+        backend = FlashInferBackend(sp, kernels="auto")
+        got = replay_attention(plan, backend, q, k, v)
+        check_close(got, replay_attention(plan, TorchBackend(sp), q, k, v), f"{scheme} {plan.shapes}")
+        kernels = [backend.kernel_for(c) for p in plan.passes for c in p.calls]
+        if scheme == "cascade":
+            assert kernels == ["fa3", "fa3", "fa2"] and backend.stats["merges"] == 1
+        else:
+            assert kernels == (["fa3"] if i == 0 else ["fa2"])
 
 
 class RaggedWrapperBackend:
