@@ -4,7 +4,8 @@ Random bf16 weights in the shapes of Qwen3-0.6B and Qwen3-8B, template ``plain``
 label ids. For each workload (prompt + N docs of S tokens) and system:
 
 * an engine system (``auto`` or a forced scheme; ``auto@flashinfer`` is ``auto`` on the model's
-  FlashInfer kernels instead of the fused ones): batches of at most ``--budget`` tokens formed as
+  FlashInfer kernels instead of the fused ones, ``auto@fa3`` or ``@fa2`` with FlashInfer's prefill
+  kernel forced instead of chosen per call): batches of at most ``--budget`` tokens formed as
   the server's batcher forms them and pipelined as it runs them (the next batch launched before
   the last is collected); docs/s at saturation, one idle call's p50/p95, peak GPU memory;
 * ``hf_naive``: transformers (SDPA) on every [prompt + doc] as a row of a batch;
@@ -356,10 +357,13 @@ def _hf_prefix(model, req: ScoreRequest, bsz: int, device) -> None:
         _last_rows(model, out.last_hidden_state, torch.tensor([len(s) - 1 for s in chunk], device=device))
 
 
-def engine_for(cfg: dict, device: torch.device, kernels: str, budget: int, defer: bool = True) -> Engine:
+def engine_for(
+    cfg: dict, device: torch.device, kernels: str, budget: int, defer: bool = True, attention: str = "auto"
+) -> Engine:
     """The serving configuration (FlashInfer, CUDA graphs); the torch reference on the CPU (smoke);
     the embedded tokenizer, for the text calls. ``defer=False``: each layer adds its MLP residual
-    itself instead of leaving it to the next layer's fused add-and-norm (to measure that fusion)."""
+    itself instead of leaving it to the next layer's fused add-and-norm (to measure that fusion);
+    ``attention``: FlashInfer's prefill kernels (``auto``: per call, ``fa2``, ``fa3``)."""
     cuda = device.type == "cuda"
     model = build_model(device, cfg["num_hidden_layers"], kernels if cuda else "torch", cfg)
     model.defers_residual = model.defers_residual and defer
@@ -368,7 +372,7 @@ def engine_for(cfg: dict, device: torch.device, kernels: str, budget: int, defer
     if cuda:
         from scorer.attention.flashinfer import FlashInferBackend
 
-        backend = FlashInferBackend(spec)
+        backend = FlashInferBackend(spec, kernels=attention)
     else:
         backend = TorchBackend(spec)
     runner = ModelRunner(model, backend, 16384 if cuda else 0)
@@ -390,7 +394,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=Path("out"))
     ap.add_argument("--models", default="qwen3-0.6b,qwen3-8b")
     ap.add_argument("--workloads", default="", help="comma-separated (default: every one of the model)")
-    ap.add_argument("--systems", default="", help="auto, auto@flashinfer, a scheme, hf_naive, hf_prefix")
+    ap.add_argument(
+        "--systems", default="", help="auto, auto@flashinfer, auto@fa3, a scheme, hf_naive, hf_prefix"
+    )
     ap.add_argument("--seconds", type=float, default=4.0, help="per system, at saturation")
     ap.add_argument("--cache-systems", default="auto,auto+cache", help="the systems of the repeat workloads")
     ap.add_argument("--calls", type=int, default=64)
@@ -435,18 +441,21 @@ def main(argv: list[str] | None = None) -> None:
                     rec["skipped"] = "time budget of the run"
                     result["records"].append(rec)
                     continue
-                kernels = "hf" if system.startswith("hf_") else "flashinfer" if "@" in system else "fused"
-                key = kernels + ("+cache" if system.endswith("+cache") else "")
+                at = system.partition("@")[2].removesuffix("+cache")  # model kernels or attention
+                attention = at if at in ("fa2", "fa3") else "auto"
+                kernels = "hf" if system.startswith("hf_") else at if at == "flashinfer" else "fused"
+                key = f"{kernels}/{attention}" + ("+cache" if system.endswith("+cache") else "")
                 scheme = system.split("@")[0].removesuffix("+cache")
                 try:
-                    if kernels not in engines:
-                        engines[kernels] = (
+                    built = key.removesuffix("+cache")
+                    if built not in engines:
+                        engines[built] = (
                             hf_model(cfg, device)
                             if kernels == "hf"
-                            else engine_for(cfg, device, kernels, a.budget)
+                            else engine_for(cfg, device, kernels, a.budget, attention=attention)
                         )
                     if key not in engines:  # the same model and runner, with a pool
-                        base = engines[kernels]
+                        base = engines[built]
                         mc = base.runner.model.config
                         cache = PrefixCache.for_model(CACHE_GIB << 10, mc, base.runner.dtype, device)
                         engines[key] = Engine(base.runner, base.tokenizer, base.config, cache=cache)

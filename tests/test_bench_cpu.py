@@ -65,3 +65,37 @@ def test_plan_on_cache_times_every_path(tmp_path, capsys):
     (record,) = json.loads((tmp_path / "plan_on_cache.json").read_text())["records"]
     assert len(record) == 7 and all(v > 0 for k, v in record.items() if k != "label"), record
     assert record["plan on the cache, prompts written, 19 calls"] > record["plan, 19 calls"]
+
+
+def test_kernel_profile_sorts_kernels_into_families_and_times_a_batch(tmp_path, capsys):
+    """bench.kernel_profile on the CPU (no kernels to trace: the batch's wall time only), and its
+    family rules on the H200's kernel names (FA3's hold "cutlass", FA2's norm ones "flashinfer")."""
+    from bench import kernel_profile as kp
+
+    kp.main(["--device", "cpu", "--model", "smoke", "--workloads", "A", "--batches", "1",
+             "--schemes", "auto,multi_item", "--kernels", "fused,fused/nodefer",
+             "--out", str(tmp_path)])  # fmt: skip
+    records = json.loads((tmp_path / "kernel_profile.json").read_text())["records"]
+    assert [(r["kernels"], r["scheme_used"]) for r in records] == [
+        ("fused", ["ragged"]), ("fused", ["multi_item"]), ("fused/nodefer", ["ragged"]),
+        ("fused/nodefer", ["multi_item"]),
+    ]  # fmt: skip
+    assert all(r["docs_s"] > 0 and r["wall_ms_per_batch"] > 0 for r in records)
+    names = {
+        "void flashinfer::PrefillWithKVCacheKernel<flashinfer::SparseCollectiveMainloop<cutlass::": (
+            "attention"
+        ),
+        "nvjet_sm90_tst_192x192_64x4_2x1_v_bz_coopB_TNN": "gemm",
+        "_qk_norm_rope_kernel": "qk_norm_rope",
+        "void flashinfer::norm::FusedAddRMSNormKernel<8u, __nv_bfloat16>": "add_rmsnorm",
+        "void flashinfer::norm::RMSNormKernel<8u, __nv_bfloat16>": "rmsnorm",
+        "void flashinfer::activation::act_and_mul_kernel<__nv_bfloat16, &(silu(float const&))>": (
+            "silu_and_mul"
+        ),
+        "void at::native::vectorized_elementwise_kernel<8, at::native::CUDAFunctor_add<c10::BFloat16>": (
+            "residual_add"
+        ),
+    }
+    assert {n: kp.family(n) for n in names} == names
+    assert kp.busy_us([{"ts": 0, "dur": 10}, {"ts": 5, "dur": 10}, {"ts": 30, "dur": 1}]) == 16
+    assert "| A | fused | auto | multi_item (multi_item) |" in capsys.readouterr().out
