@@ -25,7 +25,7 @@ import torch
 
 from scorer.attention.flashinfer import KERNELS_ENV
 
-from .throughput import MODELS, batches, calls, engine_for, matmul_tflops
+from .throughput import MODELS, calls, engine_for, full_batches, matmul_tflops
 from .timing import environment, sync, write_json
 
 FAMILIES = (  # the first pattern a kernel's name matches names its family (FA3's names hold "cutlass")
@@ -72,7 +72,7 @@ def busy_us(kernels: list[dict]) -> float:
 
 def profile(engine, reqs, scheme: str, budget: int, n_batches: int, tmp: Path) -> dict:
     jobs = [engine.tokenize(replace(r, options=replace(r.options, scheme=scheme))) for r in reqs]
-    todo = batches(jobs, budget)
+    todo = full_batches(jobs, budget)
     for b in todo[:3]:
         engine.score_batch(b)
     sync(engine.device)

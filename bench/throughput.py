@@ -6,8 +6,9 @@ label ids. For each workload (prompt + N docs of S tokens) and system:
 * an engine system (``auto`` or a forced scheme; ``auto@flashinfer`` is ``auto`` on the model's
   FlashInfer kernels instead of the fused ones, ``auto@fa3`` or ``@fa2`` with FlashInfer's prefill
   kernel forced instead of chosen per call): batches of at most ``--budget`` tokens formed as
-  the server's batcher forms them and pipelined as it runs them (the next batch launched before
-  the last is collected); docs/s at saturation, one idle call's p50/p95, peak GPU memory;
+  the server's batcher forms them at saturation (``full_batches``: no runt at the list's end) and
+  pipelined as it runs them (the next batch launched before the last is collected); docs/s at
+  saturation, one idle call's p50/p95, peak GPU memory;
 * ``hf_naive``: transformers (SDPA) on every [prompt + doc] as a row of a batch;
 * ``hf_prefix``: the prompt's KV cache computed once and repeated over a batch of docs;
   both at their best batch size of ``HF_BATCHES``.
@@ -179,6 +180,16 @@ def batches(jobs: list, budget: int) -> list[list]:
     return out + ([cur] if cur else [])
 
 
+def full_batches(jobs: list, budget: int) -> list[list]:
+    """``batches`` as a saturated server's batcher forms them: the last one is dropped when another
+    call would still have fit (the end of the list, not of the queue; cycling over the batches
+    would otherwise run that runt once per pass, e.g. 4 calls of A after three batches of 20)."""
+    out = batches(jobs, budget)
+    if len(out) > 1 and sum(j.tokens for j in out[-1]) + min(j.tokens for j in jobs) <= budget:
+        out.pop()
+    return out
+
+
 def _reset_peak(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -193,7 +204,7 @@ def engine_system(engine: Engine, reqs: list[ScoreRequest], scheme: str, seconds
 
     device = engine.device
     jobs = [engine.tokenize(replace(r, options=replace(r.options, scheme=scheme))) for r in reqs]
-    todo = batches(jobs, budget)
+    todo = full_batches(jobs, budget)
     for b in todo[:2]:
         engine.score_batch(b)
     sync(engine.device)

@@ -99,3 +99,16 @@ def test_kernel_profile_sorts_kernels_into_families_and_times_a_batch(tmp_path, 
     assert {n: kp.family(n) for n in names} == names
     assert kp.busy_us([{"ts": 0, "dur": 10}, {"ts": 5, "dur": 10}, {"ts": 30, "dur": 1}]) == 16
     assert "| A | fused | auto | multi_item (multi_item) |" in capsys.readouterr().out
+
+
+def test_full_batches_drop_the_runt_a_saturated_batcher_never_forms():
+    from types import SimpleNamespace
+
+    from bench.throughput import full_batches
+
+    calls = [SimpleNamespace(tokens=800) for _ in range(64)]  # workload A: 20 calls fill 16,384
+    assert [len(b) for b in full_batches(calls, 16384)] == [20, 20, 20]  # not the 4 left over
+    big = [SimpleNamespace(tokens=8128) for _ in range(5)]  # D: two a batch; the last one alone is
+    assert [len(b) for b in full_batches(big, 16384)] == [2, 2]  # a runt too (another would fit)
+    assert [len(b) for b in full_batches(big[:1], 16384)] == [1]  # but never the only batch
+    assert [len(b) for b in full_batches([SimpleNamespace(tokens=9000)] * 3, 16384)] == [1, 1, 1]
