@@ -259,19 +259,29 @@ def test_keys_per_query_is_the_mask_work_per_row(scheme: str):
             assert want - slack <= keys_per_query(c) <= want + 1e-9, (scheme, c)
 
 
-def test_fa3_only_on_hopper_where_queries_see_many_keys():
-    from scorer.attention.flashinfer import FA3_MIN_KEYS_PER_QUERY, choose_kernel, keys_per_query
+def test_fa2_on_hopper_only_for_large_calls_whose_queries_see_few_keys():
+    from scorer.attention.flashinfer import (
+        FA2_MIN_ROWS,
+        FA3_MIN_KEYS_PER_QUERY,
+        choose_kernel,
+        keys_per_query,
+    )
 
-    def one_call(scheme, shape):
-        (p,) = _plan(scheme, [shape]).passes
+    def one_call(scheme, shapes):
+        (p,) = _plan(scheme, shapes).passes
         (c,) = p.calls
         return c
 
-    short = one_call("ragged", Shape(300, (50,) * 10))  # workload A: ~260 keys a query
-    long = one_call("multi_item", Shape(8000, (4,) * 32))  # workload D: ~4,000
-    assert keys_per_query(short) < FA3_MIN_KEYS_PER_QUERY <= keys_per_query(long)
-    assert [choose_kernel(c, "auto", True) for c in (short, long)] == ["fa2", "fa3"]
-    assert [choose_kernel(c, "auto", False) for c in (short, long)] == ["fa2", "fa2"]
-    assert choose_kernel(short, "fa3", True) == "fa3" and choose_kernel(long, "fa2", True) == "fa2"
-    masked = one_call("custom_mask", Shape(8000, (4,) * 2))
+    a = [Shape(300, (50,) * 10)]  # workload A: ~260 keys a query, 800 rows a call
+    batch = one_call("ragged", a * 20)  # a serving batch of A: 16,000 rows
+    lone = one_call("ragged", a)
+    multi = one_call("multi_item", a * 20)
+    long = one_call("multi_item", [Shape(8000, (4,) * 32)] * 2)  # workload D: ~4,000 keys
+    assert keys_per_query(batch) < FA3_MIN_KEYS_PER_QUERY <= keys_per_query(long)
+    assert lone.q_end < FA2_MIN_ROWS <= min(batch.q_end, multi.q_end, long.q_end)
+    calls = (batch, multi, lone, long)
+    assert [choose_kernel(c, "auto", True) for c in calls] == ["fa2", "fa2", "fa3", "fa3"]
+    assert [choose_kernel(c, "auto", False) for c in calls] == ["fa2"] * 4
+    assert choose_kernel(batch, "fa3", True) == "fa3" and choose_kernel(long, "fa2", True) == "fa2"
+    masked = one_call("custom_mask", [Shape(2000, (4,) * 2)])
     assert choose_kernel(masked, "auto", True) == choose_kernel(masked, "fa3", True) == "fa2"

@@ -73,11 +73,14 @@ def unsupported_reason(spec: HeadSpec) -> str | None:
 
 
 FA3_MIN_KEYS_PER_QUERY = 1024
-"""With ``kernels="auto"`` on Hopper, a call whose queries see at least this many keys on average
-runs FA3, a shorter one FA2. Measured at model level on the H200 (bench/RESULTS.md section 15):
-FA2 is 1.1-1.9x faster where queries see ~260-330 keys (300- and 100-token prompts: docs of 50
-tokens run in 128-row tiles that FA2 fills with both query heads of a KV head and FA3 does not),
-FA3 1.4-1.5x faster at ~1,900 (2,000-token prompts) and ~4,000 (8,000)."""
+FA2_MIN_ROWS = 4096
+"""With ``kernels="auto"`` on Hopper, a call of at least ``FA2_MIN_ROWS`` query rows whose queries
+see fewer than ``FA3_MIN_KEYS_PER_QUERY`` keys on average runs FA2, every other call FA3.
+Measured on the H200 (bench/RESULTS.md section 15): in serving batches (12-16k rows) FA2 is
+1.35-1.9x faster where queries see ~200-300 keys (200- to 300-token prompts: a 50-token doc is one
+128-row tile, which FA2 fills with both query heads of a KV head and FA3 does not), FA3 1.4-1.5x
+faster at ~1,900 (2,000-token prompts) and ~4,000 (8,000); on one call of a few docs (section 3's
+kernel grid, hundreds of rows) FA3 is up to 3x faster, so a small call keeps FA3."""
 
 
 def hopper(device: torch.device) -> bool:
@@ -103,12 +106,16 @@ def keys_per_query(c: AttentionCall) -> float:
 
 def choose_kernel(c: AttentionCall, kernels: str, on_hopper: bool) -> str:
     """The FlashInfer prefill kernel of a call: the custom mask runs on FA2 only; ``kernels``
-    when forced; for ``auto``, FA3 on Hopper where queries see many keys, FA2 otherwise."""
+    when forced; for ``auto``, FA3 on Hopper unless the call is large and its queries see few
+    keys (see ``FA2_MIN_ROWS``), FA2 elsewhere."""
     if c.custom_mask is not None:
         return "fa2"
     if kernels != "auto":
         return kernels
-    return "fa3" if on_hopper and keys_per_query(c) >= FA3_MIN_KEYS_PER_QUERY else "fa2"
+    if not on_hopper:
+        return "fa2"
+    wide = c.q_end - c.q_start >= FA2_MIN_ROWS and keys_per_query(c) < FA3_MIN_KEYS_PER_QUERY
+    return "fa2" if wide else "fa3"
 
 
 @dataclass
@@ -191,9 +198,9 @@ class FlashInferBackend:
     spec
         Heads, head_dim, dtype and device of the model.
     kernels
-        ``"fa2"``, ``"fa3"`` or ``"auto"`` (per call: FA3 on sm90 where queries see many keys,
-        ``choose_kernel``; FA2 otherwise). The custom mask always runs on FA2.
-        ``$SCORER_FLASHINFER_KERNELS`` overrides ``"auto"``.
+        ``"fa2"``, ``"fa3"`` or ``"auto"`` (per call on sm90: FA2 for large calls whose queries
+        see few keys, FA3 for the others, ``choose_kernel``; FA2 elsewhere). The custom mask
+        always runs on FA2. ``$SCORER_FLASHINFER_KERNELS`` overrides ``"auto"``.
     fast_run
         Launch single-call groups through ``_Launch`` where it applies (False: always the
         wrapper's ``run``; the GPU tests compare the two).

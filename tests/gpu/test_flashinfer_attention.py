@@ -168,15 +168,14 @@ def test_cascade_merges_once_per_layer():
 @pytest.mark.skipif(not SM90, reason="FA3 needs sm90")
 @pytest.mark.parametrize("scheme", ["cascade", "ragged", "multi_item"])
 def test_auto_runs_fa3_and_fa2_calls_of_one_pass_and_merges_them(scheme: str):
-    """``auto`` picks the kernel per call: with a long prompt beside a short one, cascade's prefix
-    and shared levels run FA3 and its unique level FA2, and their log-sum-exp merge is exact; one
-    batch of several passes' worth of prompts runs each call on its own kernel."""
+    """``auto`` picks the kernel per call: cascade's prefix and shared levels over a 1,500-token
+    prompt run FA3 and its unique level (4,500 rows of short items) FA2, and their log-sum-exp
+    merge is exact; a long prompt's call runs FA3 and a wide batch of short ones FA2."""
     sp = spec(torch.bfloat16)
     if scheme == "cascade":
-        shapes = [Shape(2600, (40, 7, 90))]
-    else:  # two calls of one batch on different kernels: split it by prompt, one plan per call
-        shapes = [Shape(3000, (30, 12)), Shape(200, (50,) * 6)]
-    plans = [make_plan(scheme, shapes)] if scheme == "cascade" else [make_plan(scheme, [s]) for s in shapes]
+        plans = [make_plan(scheme, [Shape(1500, (90,) * 50)])]
+    else:
+        plans = [make_plan(scheme, [Shape(3000, (30, 12))]), make_plan(scheme, [Shape(200, (50,) * 6)] * 12)]
     for i, plan in enumerate(plans):
         q, k, v = random_qkv(plan.shapes, sp, 40 + i)
         backend = FlashInferBackend(sp, kernels="auto")
