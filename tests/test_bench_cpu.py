@@ -112,3 +112,14 @@ def test_full_batches_drop_the_runt_a_saturated_batcher_never_forms():
     assert [len(b) for b in full_batches(big, 16384)] == [2, 2]  # a runt too (another would fit)
     assert [len(b) for b in full_batches(big[:1], 16384)] == [1]  # but never the only batch
     assert [len(b) for b in full_batches([SimpleNamespace(tokens=9000)] * 3, 16384)] == [1, 1, 1]
+
+
+def test_padding_counts_the_rows_each_bucket_table_pads(tmp_path, capsys):
+    from bench import padding
+
+    padding.main(["--calls", "48", "--out", str(tmp_path)])
+    result = json.loads((tmp_path / "padding.json").read_text())
+    e = result["workloads"]["E"]  # 11 calls of 1,400 tokens: 15,400 rows, bucket 16,384 or 15,616
+    assert e["tokens"] == 15400 and e["padded_rows"] == {"1/8 growth": 984, "fine top quarter": 216}
+    assert all(w["saved_ms_est"] >= 0 for w in result["workloads"].values())
+    assert "| B | 12,000 |" in capsys.readouterr().out

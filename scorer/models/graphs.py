@@ -38,13 +38,23 @@ from .rope import Rope
 log = logging.getLogger(__name__)
 
 
-def buckets(max_tokens: int) -> list[int]:
+FINE_STEPS = 64
+"""The top quarter of the buckets is split into steps of ``max_tokens / FINE_STEPS`` rows."""
+
+
+def buckets(max_tokens: int, fine_top: bool = True) -> list[int]:
     """Token-count buckets up to ``max_tokens``: multiples of 16 growing by at most 1/8 (padding
-    costs under 12.5% of a large pass's rows)."""
+    costs under 12.5% of a large pass's rows), and with ``fine_top`` one every ``max_tokens / 64``
+    rows (256 of 16,384) in the top quarter, where a loaded server's batches land (filled to the
+    budget but for the call that did not fit): there a pass pads at most 1/48 of its rows."""
     out, b = [], 16
     while b < max_tokens:
         out.append(b)
         b = max(b + 16, (b * 9 // 8) // 16 * 16)
+    if fine_top:
+        step = max(16, max_tokens // FINE_STEPS // 16 * 16)
+        start = max(step, (max_tokens * 3 // 4) // step * step)
+        out = [x for x in out if x < start] + list(range(start, max_tokens, step))
     return out + [max_tokens] if max_tokens >= 1 else out
 
 

@@ -1,0 +1,80 @@
+"""Rows a saturated server's forward passes pad up to their CUDA-graph bucket, by workload: the
+buckets growing by 1/8 alone against the same with 256-row steps in the top quarter (``buckets``'s
+``fine_top``). Host only: each workload's calls (``bench.throughput``'s) in full batches of the
+budget, planned by the engine (``auto``, the passes of calls split over the budget included),
+each pass's rows taken to its bucket. The device time of a padded row is the row-wise work of a
+Qwen3-0.6B-shaped forward (GEMMs and elementwise kernels), ``--us-per-row`` as measured on the
+H200 (bench/RESULTS.md section 15: 21.4 ms of an A batch's busy time outside attention over
+13,104 rows).
+
+    python -m bench.padding [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import torch
+
+from scorer.models.graphs import buckets
+
+from .throughput import MODELS, WORKLOADS, calls, engine_for, full_batches
+
+SERVED = ("A", "A'", "E", "B", "C", "D")
+
+
+def rows(plan, table: list[int]) -> tuple[int, int]:
+    """(tokens, graph rows) of a plan's passes; a pass over the largest bucket runs eagerly."""
+    tokens = padded = 0
+    for p in plan.passes:
+        n = p.num_rows
+        tokens += n
+        padded += next((b for b in table if b >= n), n)
+    return tokens, padded
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--budget", type=int, default=16384)
+    ap.add_argument("--calls", type=int, default=256, help="calls of each workload")
+    ap.add_argument("--us-per-row", type=float, default=21.44e3 / 13104)
+    ap.add_argument("--out", type=Path)
+    a = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    engine = engine_for(MODELS["smoke"], torch.device("cpu"), "torch", a.budget)
+    tables = {"1/8 growth": buckets(a.budget, fine_top=False), "fine top quarter": buckets(a.budget)}
+    out = {"budget": a.budget, "buckets": {k: len(v) for k, v in tables.items()}, "workloads": {}}
+    print(f"buckets: {out['buckets']}")
+    print(
+        "| workload | tokens a batch | padded rows, 1/8 growth | padded rows, fine top"
+        " | device ms saved a batch (est.) |"
+    )
+    print("|---|---:|---:|---:|---:|")
+    for w in SERVED:
+        jobs = [engine.tokenize(r) for r in calls(w, a.calls, MODELS["smoke"]["vocab_size"])]
+        counts = {
+            k: [rows(engine.plan(b), t) for b in full_batches(jobs, a.budget)] for k, t in tables.items()
+        }
+        tokens = statistics.mean(t for t, _ in counts["1/8 growth"])
+        pad = {k: statistics.mean(r - t for t, r in v) for k, v in counts.items()}
+        saved = (pad["1/8 growth"] - pad["fine top quarter"]) * a.us_per_row / 1e3
+        out["workloads"][w] = {
+            "tokens": tokens,
+            "padded_rows": pad,
+            "saved_ms_est": saved,
+            "shape": WORKLOADS[w],
+        }
+        print(
+            f"| {w} | {tokens:,.0f} | {pad['1/8 growth']:,.0f} ({pad['1/8 growth'] / tokens:.1%})"
+            f" | {pad['fine top quarter']:,.0f} ({pad['fine top quarter'] / tokens:.1%}) | {saved:.2f} |"
+        )
+    if a.out:
+        a.out.mkdir(parents=True, exist_ok=True)
+        (a.out / "padding.json").write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
