@@ -147,6 +147,49 @@ def test_check_rejects_items_over_uint16_positions():
     assert int(meta.max_item_len[0]) == 65536
 
 
+def _broken(scheme: str, shapes, **change):
+    from dataclasses import replace
+
+    plan = _plan(scheme, shapes)
+    (p,) = plan.passes
+    c = p.calls[-1]
+    return replace(plan, passes=(replace(p, calls=(*p.calls[:-1], replace(c, **change))),))
+
+
+def _i32(xs):
+    return torch.tensor(xs, dtype=torch.int32)
+
+
+@pytest.mark.parametrize(
+    "scheme, change, message",
+    [
+        ("ragged", {"qo_indptr": _i32([0, 60, 50, 58])}, "empty or negative request"),  # 2nd: -10
+        ("ragged", {"kv_indptr": _i32([0, 58, 108, 108])}, "indptr does not match"),
+        ("ragged", {"kv_indptr": _i32([0, 54, 54, 158])}, "empty or negative request"),
+        ("ragged", {"qo_indptr": _i32([0, 2, 56, 58])}, "more queries than keys"),  # 2nd: 54 > 52
+        ("ragged", {"kv_indices": torch.full((158,), 58, dtype=torch.int32)}, "outside the slots"),
+        ("multi_item", {"q_end": 57}, "indptr does not match"),
+    ],
+)
+def test_check_names_what_is_wrong_with_a_call(scheme, change, message):
+    """Every per-request check of a call fires where only one request breaks it."""
+    shapes = [Shape(50, (4, 2, 2))]  # ragged: 54, 2 and 2 queries on 54, 52 and 52 of 58 slots
+    check_plan(_plan(scheme, shapes), 32768)
+    with pytest.raises(PlanError, match=message):
+        check_plan(_broken(scheme, shapes, **change), 32768)
+
+
+def test_check_names_a_multi_item_call_whose_positions_are_too_short():
+    from dataclasses import replace
+
+    plan = _plan("multi_item", [Shape(3, (4, 2))])
+    m = plan.passes[0].calls[0].multi_item  # 9 keys: a prefix of 3, and 6 item positions
+    check_plan(plan, 32768)
+    too_short = replace(m, prefix_len=_i32([2]))  # 7 keys after the prefix, 6 positions
+    with pytest.raises(PlanError, match="token_pos_in_items shorter"):
+        check_plan(_broken("multi_item", [Shape(3, (4, 2))], multi_item=too_short), 32768)
+
+
 shape_st = st.builds(
     Shape,
     st.integers(1, 300),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -134,9 +135,9 @@ class Pass:
         return list(groups.values())
 
 
-@dataclass(frozen=True)
-class ItemLoc:
-    """Where an item's tokens sit: ``length`` rows from ``row`` in pass ``pass_idx``."""
+class ItemLoc(NamedTuple):
+    """Where an item's tokens sit: ``length`` rows from ``row`` in pass ``pass_idx`` (a named
+    tuple: a batch's planning makes one per doc, thousands)."""
 
     pass_idx: int
     row: int
@@ -184,6 +185,10 @@ class Plan:
 
 def with_score_rows(plan: Plan, requests: Sequence[int]) -> Plan:
     """``plan`` with its read-out: the score rows of each pass and the item order."""
+    if len(plan.passes) == 1:  # every item in pass 0: its score rows, in plan order
+        rows = [loc.row + loc.length - 1 for locs in plan.items for loc in locs]
+        score_rows = (torch.tensor(rows, dtype=torch.long),)
+        return replace(plan, requests=tuple(requests), score_rows=score_rows, item_order=None)
     per_pass: list[list[int]] = [[] for _ in plan.passes]
     gathered: list[tuple[int, int]] = []  # (pass, index within its pass's score rows), plan order
     for locs in plan.items:
@@ -316,23 +321,23 @@ def check_plan(plan: Plan, max_custom_mask_tokens: int) -> None:
         if not bool(covered.all()):
             raise PlanError(f"pass {k}: rows without an attention call")
     for r, locs in enumerate(plan.items):
-        for loc in locs:
-            if loc.length > MAX_ITEM_LEN:
-                raise PlanError(f"request {r}: item of {loc.length} tokens exceeds {MAX_ITEM_LEN}")
+        longest = max((loc.length for loc in locs), default=0)
+        if longest > MAX_ITEM_LEN:
+            raise PlanError(f"request {r}: item of {longest} tokens exceeds {MAX_ITEM_LEN}")
     if any(len(p.calls) == 0 for p in plan.passes) or num_slots == 0:
         raise PlanError("empty pass")
 
 
 def _check_call(c: AttentionCall, visible_slots: int, mask_cap: int, where: str) -> None:
-    q_lens = (c.qo_indptr[1:] - c.qo_indptr[:-1]).tolist()
-    kv_lens = (c.kv_indptr[1:] - c.kv_indptr[:-1]).tolist()
+    q_lens = np.diff(c.qo_indptr.numpy()).astype(np.int64)  # numpy: a call holds thousands
+    kv_lens = np.diff(c.kv_indptr.numpy()).astype(np.int64)
     if int(c.qo_indptr[-1]) != c.q_end - c.q_start or int(c.kv_indptr[-1]) != len(c.kv_indices):
         raise PlanError(f"{where}: indptr does not match rows or kv_indices")
-    if min(q_lens, default=0) < 0 or min(kv_lens, default=0) < 1:
+    if len(q_lens) and (q_lens.min() < 0 or kv_lens.min() < 1):
         raise PlanError(f"{where}: empty or negative request")
     if len(c.kv_indices) and (int(c.kv_indices.min()) < 0 or int(c.kv_indices.max()) >= visible_slots):
         raise PlanError(f"{where}: kv_indices outside the slots written so far")
-    if c.causal and any(q > kv for q, kv in zip(q_lens, kv_lens, strict=True)):
+    if c.causal and bool((q_lens > kv_lens).any()):
         raise PlanError(f"{where}: causal request with more queries than keys")
     if c.multi_item is not None:
         m = c.multi_item
@@ -341,11 +346,11 @@ def _check_call(c: AttentionCall, visible_slots: int, mask_cap: int, where: str)
             raise PlanError(f"{where}: max_item_len below the longest item")
         if bool((m.max_item_len > MAX_ITEM_LEN).any()):
             raise PlanError(f"{where}: item longer than {MAX_ITEM_LEN} tokens")
-        if any(kv - int(p) > m.token_pos_in_items_len for kv, p in zip(kv_lens, m.prefix_len, strict=True)):
+        if bool((kv_lens - m.prefix_len.numpy() > m.token_pos_in_items_len).any()):
             raise PlanError(f"{where}: token_pos_in_items shorter than the items")
     if c.custom_mask is not None:
-        if max(max(q_lens), max(kv_lens)) > mask_cap:
+        if max(int(q_lens.max()), int(kv_lens.max())) > mask_cap:
             raise PlanError(f"{where}: custom mask over {mask_cap} tokens; use multi_item")
-        need = [(q * kv + 7) // 8 for q, kv in zip(q_lens, kv_lens, strict=True)]
+        need = ((q_lens * kv_lens + 7) // 8).tolist()
         if (c.custom_mask.indptr[1:] - c.custom_mask.indptr[:-1]).tolist() != need:
             raise PlanError(f"{where}: packed mask segments do not match request sizes")

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from itertools import chain
 
 import numpy as np
 import torch
@@ -254,26 +255,35 @@ def _shared_prefix_groups(shapes: Sequence[Shape], group_size: int | None) -> Pl
     The first group of a prompt also carries the prefix queries. ``group_size=1`` is plain
     ragged prefill (no multi-item metadata); ``None`` puts all items of a prompt in one group.
     Rows are the logical tokens in order, so each group reads two runs of slots: its prompt's and
-    its own items' (built without a Python step per item: a batch holds thousands).
+    its own items' (laid out in numpy, without a Python step per item but the ``ItemLoc``: a
+    batch holds thousands).
     """
-    items, groups = [], []  # groups: (request, first item's row, rows of its items, first group?)
-    mi_prefix: list[int] = []
-    mi_items: list[list[int]] = []
-    for base, s, starts in _requests(shapes):
-        items.append(tuple(ItemLoc(0, st, n) for st, n in zip(starts, s.item_lens, strict=True)))
-        size = group_size or len(starts)
-        for g in range(0, len(starts), size):
-            lens = s.item_lens[g : g + size]
-            groups.append((base, s.prefix_len, starts[g], sum(lens), g == 0))
-            mi_prefix.append(s.prefix_len)
-            mi_items.append(list(lens))
-    base, prefix, first, own, lead = np.array(groups, dtype=np.int64).T
-    q_lens = own + prefix * lead
-    kv = np_ranges(np.stack([base, first], 1).ravel(), np.stack([prefix, own], 1).ravel())
-    meta = multi_item_meta(mi_prefix, mi_items) if group_size != 1 else None
-    total = sum(s.num_tokens for s in shapes)
-    c = AttentionCall(0, total, np_indptr(q_lens), np_indptr(prefix + own), np_i32(kv), True, meta)
-    return Plan((Pass(torch.arange(total, dtype=torch.int64), 0, (c,)),), tuple(items), tuple(shapes))
+    counts = np.array([len(s.item_lens) for s in shapes], dtype=np.int64)
+    lens = np.fromiter(chain.from_iterable(s.item_lens for s in shapes), np.int64, int(counts.sum()))
+    prefix = np.array([s.prefix_len for s in shapes], dtype=np.int64)
+    first_item = np.cumsum(counts) - counts  # each prompt's first item, in the flat item order
+    csum = np.cumsum(lens) - lens  # tokens of the items before each, over the whole batch
+    owner = np.repeat(np.arange(len(shapes)), counts)
+    sums = np.bincount(owner, weights=lens, minlength=len(shapes)).astype(np.int64)
+    base = np.cumsum(prefix + sums) - (prefix + sums)  # each prompt's first row
+    index = np.arange(len(lens)) - first_item[owner]  # an item's place in its prompt
+    starts = base[owner] + prefix[owner] + csum - csum[first_item][owner]
+    size = group_size or counts[owner]
+    heads = np.flatnonzero(index % size == 0)  # each group's first item
+    own = np.add.reduceat(lens, heads) if len(heads) else lens[:0]
+    g = owner[heads]
+    lead = index[heads] == 0
+    q_lens = own + prefix[g] * lead
+    kv = np_ranges(np.stack([base[g], starts[heads]], 1).ravel(), np.stack([prefix[g], own], 1).ravel())
+    meta = None
+    if group_size != 1:
+        meta = multi_item_meta(prefix[g].tolist(), [x.tolist() for x in np.split(lens, heads[1:])])
+    flat = [ItemLoc(0, st, n) for st, n in zip(starts.tolist(), lens.tolist(), strict=True)]
+    ends = np.cumsum(counts).tolist()
+    items = tuple(tuple(flat[a:b]) for a, b in zip([0, *ends[:-1]], ends, strict=True))
+    total = int(prefix.sum() + lens.sum())
+    c = AttentionCall(0, total, np_indptr(q_lens), np_indptr(prefix[g] + own), np_i32(kv), True, meta)
+    return Plan((Pass(torch.arange(total, dtype=torch.int64), 0, (c,)),), items, tuple(shapes))
 
 
 def _lens(ptr: torch.Tensor) -> list[int]:

@@ -98,5 +98,5 @@ def split_to_budget(scheme: Scheme, shape: Shape, budget: int, group_size: int) 
             passes.append(Pass(logical, slot + q.slot_offset, calls))
         if k == 0:
             prefix_slots = torch.nonzero(passes[0].logical < p).flatten()[:p]
-        items += [replace(loc, pass_idx=loc.pass_idx + first_pass) for loc in sub.items[0]]
+        items += [loc._replace(pass_idx=loc.pass_idx + first_pass) for loc in sub.items[0]]
     return Plan(tuple(passes), (tuple(items),), (shape,))
