@@ -5,7 +5,8 @@ label ids. For each workload (prompt + N docs of S tokens) and system:
 
 * an engine system (``auto`` or a forced scheme; ``auto@flashinfer`` is ``auto`` on the model's
   FlashInfer kernels instead of the fused ones, ``auto@fa3`` or ``@fa2`` with FlashInfer's prefill
-  kernel forced instead of chosen per call): batches of at most ``--budget`` tokens formed as
+  kernel forced instead of chosen per call, ``auto@coarse`` on CUDA-graph buckets growing by 1/8
+  alone): batches of at most ``--budget`` tokens formed as
   the server's batcher forms them at saturation (``full_batches``: no runt at the list's end) and
   pipelined as it runs them (the next batch launched before the last is collected); docs/s at
   saturation, one idle call's p50/p95, peak GPU memory;
@@ -45,6 +46,7 @@ import torch
 from scorer.attention import HeadSpec
 from scorer.attention.torch_ref import TorchBackend
 from scorer.engine import Engine, EngineConfig
+from scorer.models.graphs import buckets
 from scorer.planning import REGISTRY
 from scorer.prefix_cache import PrefixCache
 from scorer.request import Doc, ScoreOptions, ScoreRequest
@@ -369,12 +371,19 @@ def _hf_prefix(model, req: ScoreRequest, bsz: int, device) -> None:
 
 
 def engine_for(
-    cfg: dict, device: torch.device, kernels: str, budget: int, defer: bool = True, attention: str = "auto"
+    cfg: dict,
+    device: torch.device,
+    kernels: str,
+    budget: int,
+    defer: bool = True,
+    attention: str = "auto",
+    fine_top: bool = True,
 ) -> Engine:
     """The serving configuration (FlashInfer, CUDA graphs); the torch reference on the CPU (smoke);
     the embedded tokenizer, for the text calls. ``defer=False``: each layer adds its MLP residual
     itself instead of leaving it to the next layer's fused add-and-norm (to measure that fusion);
-    ``attention``: FlashInfer's prefill kernels (``auto``: per call, ``fa2``, ``fa3``)."""
+    ``attention``: FlashInfer's prefill kernels (``auto``: per call, ``fa2``, ``fa3``);
+    ``fine_top=False``: the CUDA-graph buckets growing by 1/8 alone (before section 15's)."""
     cuda = device.type == "cuda"
     model = build_model(device, cfg["num_hidden_layers"], kernels if cuda else "torch", cfg)
     model.defers_residual = model.defers_residual and defer
@@ -387,6 +396,8 @@ def engine_for(
     else:
         backend = TorchBackend(spec)
     runner = ModelRunner(model, backend, 16384 if cuda else 0)
+    if runner.graphs is not None and not fine_top:
+        runner.graphs.buckets = buckets(runner.graphs.max_tokens, fine_top=False)
     runner.capture_graphs()
     config = EngineConfig(max_tokens_per_pass=budget, auto_policy="calibrated")
     return Engine(runner, embedded_tokenizer(), config)
@@ -452,10 +463,12 @@ def main(argv: list[str] | None = None) -> None:
                     rec["skipped"] = "time budget of the run"
                     result["records"].append(rec)
                     continue
-                at = system.partition("@")[2].removesuffix("+cache")  # model kernels or attention
+                at = system.partition("@")[2].removesuffix("+cache")  # kernels, attention, buckets
                 attention = at if at in ("fa2", "fa3") else "auto"
                 kernels = "hf" if system.startswith("hf_") else at if at == "flashinfer" else "fused"
-                key = f"{kernels}/{attention}" + ("+cache" if system.endswith("+cache") else "")
+                key = f"{kernels}/{attention}/{at == 'coarse'}" + (
+                    "+cache" if system.endswith("+cache") else ""
+                )
                 scheme = system.split("@")[0].removesuffix("+cache")
                 try:
                     built = key.removesuffix("+cache")
@@ -463,7 +476,9 @@ def main(argv: list[str] | None = None) -> None:
                         engines[built] = (
                             hf_model(cfg, device)
                             if kernels == "hf"
-                            else engine_for(cfg, device, kernels, a.budget, attention=attention)
+                            else engine_for(
+                                cfg, device, kernels, a.budget, attention=attention, fine_top=at != "coarse"
+                            )
                         )
                     if key not in engines:  # the same model and runner, with a pool
                         base = engines[built]
