@@ -70,6 +70,20 @@ def busy_us(kernels: list[dict]) -> float:
     return total
 
 
+def idle_by_neighbours(kernels: list[dict]) -> dict[str, float]:
+    """Device idle between consecutive kernels (us), by the families on either side: where a
+    forward's gaps sit (a graph replay's start, an eager attention launch, a batch's end)."""
+    out: dict[str, float] = defaultdict(float)
+    ks = sorted(kernels, key=lambda k: k["ts"])
+    end, last = float("-inf"), None
+    for k in ks:
+        if last is not None and k["ts"] > end:
+            out[f"{family(last['name'])} -> {family(k['name'])}"] += k["ts"] - end
+        if k["ts"] + k["dur"] >= end:
+            end, last = k["ts"] + k["dur"], k
+    return dict(sorted(out.items(), key=lambda x: -x[1]))
+
+
 def profile(engine, reqs, scheme: str, budget: int, n_batches: int, tmp: Path) -> dict:
     jobs = [engine.tokenize(replace(r, options=replace(r.options, scheme=scheme))) for r in reqs]
     todo = full_batches(jobs, budget)
@@ -127,6 +141,9 @@ def profile(engine, reqs, scheme: str, budget: int, n_batches: int, tmp: Path) -
                 "share": us / kernel_us,
             }  # fmt: skip
             for f, us in sorted(fam_us.items(), key=lambda x: -x[1])
+        },
+        "idle_ms_per_batch_by_neighbours": {
+            pair: us / 1e3 / n_batches for pair, us in list(idle_by_neighbours(ks).items())[:12]
         },
         "top_kernels": [
             {"name": n, "ms_per_batch": us / 1e3 / n_batches}
@@ -215,6 +232,9 @@ def _print(r: dict, peak: float) -> None:
             f"| {f} | {v['ms_per_batch']:.2f} | {v['share']:.3f} | {v['launches_per_batch']:.0f}"
             f" | {per:.1f} |"
         )
+    print("| idle between (kernel before -> after) | ms/batch |\n|---|---:|")
+    for pair, ms in list(r["idle_ms_per_batch_by_neighbours"].items())[:8]:
+        print(f"| {pair} | {ms:.3f} |")
     print("| kernel | ms/batch |\n|---|---:|")
     for k in r["top_kernels"][:12]:
         print(f"| `{k['name']}` | {k['ms_per_batch']:.2f} |")

@@ -98,6 +98,11 @@ def test_kernel_profile_sorts_kernels_into_families_and_times_a_batch(tmp_path, 
     }
     assert {n: kp.family(n) for n in names} == names
     assert kp.busy_us([{"ts": 0, "dur": 10}, {"ts": 5, "dur": 10}, {"ts": 30, "dur": 1}]) == 16
+    gemm, attn, norm = "nvjet_sm90_x", "PrefillWithKVCacheKernel", "RMSNormKernel"
+    trace = [{"name": gemm, "ts": 0, "dur": 10}, {"name": norm, "ts": 2, "dur": 3},  # inside the GEMM
+             {"name": attn, "ts": 14, "dur": 5}, {"name": gemm, "ts": 20, "dur": 5},
+             {"name": attn, "ts": 30, "dur": 1}]  # fmt: skip
+    assert kp.idle_by_neighbours(trace) == {"gemm -> attention": 9, "attention -> gemm": 1}
     assert "| A | fused | auto | multi_item (multi_item) |" in capsys.readouterr().out
 
 
