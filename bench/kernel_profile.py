@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import re
 import time
 from collections import defaultdict
@@ -22,8 +21,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-
-from scorer.attention.flashinfer import KERNELS_ENV
 
 from .throughput import MODELS, calls, engine_for, full_batches, matmul_tflops
 from .timing import environment, sync, write_json
@@ -57,6 +54,11 @@ def gemm_flops(cfg: dict, rows: int) -> float:
 def kernels_of(trace: Path) -> list[dict]:
     events = json.loads(trace.read_text())["traceEvents"]
     return [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e]
+
+
+def span_us(kernels: list[dict]) -> float:
+    """The first kernel's start to the last one's end."""
+    return max(k["ts"] + k["dur"] for k in kernels) - min(k["ts"] for k in kernels) if kernels else 0.0
 
 
 def busy_us(kernels: list[dict]) -> float:
@@ -93,10 +95,11 @@ def profile(engine, reqs, scheme: str, budget: int, n_batches: int, tmp: Path) -
     # the device's activity only: tracing every host op would slow the launches being measured
     cuda = engine.device.type == "cuda"
     acts = [torch.profiler.ProfilerActivity.CUDA if cuda else torch.profiler.ProfilerActivity.CPU]
+    ran = [todo[k % len(todo)] for k in range(n_batches)]
     with torch.profiler.profile(activities=acts) as prof:
         t0, waiting = time.perf_counter(), None
-        for k in range(n_batches):
-            launched = engine.launch(todo[k % len(todo)])
+        for b in ran:
+            launched = engine.launch(b)
             if waiting is not None:
                 waiting()
             waiting = launched
@@ -111,28 +114,20 @@ def profile(engine, reqs, scheme: str, budget: int, n_batches: int, tmp: Path) -
         fam_us[f] += k["dur"]
         fam_n[f] += 1
         names[k["name"][:90]] += k["dur"]
-    tokens = sum(j.tokens for k in range(n_batches) for j in todo[k % len(todo)])
+    tokens = [sum(j.tokens for j in b) for b in ran]
     graph = engine.runner.graphs
-    rows = sum(
-        (graph.bucket(sum(j.tokens for j in b)) if graph else None) or sum(j.tokens for j in b)
-        for b in (todo[k % len(todo)] for k in range(n_batches))
-    )
+    rows = sum((graph.bucket(n) if graph else None) or n for n in tokens)
     kernel_us = sum(fam_us.values())
     return {
         "scheme_used": sorted({j.scheme.name for j in jobs}),
         "batches": n_batches,
-        "tokens_per_batch": tokens / n_batches,
+        "tokens_per_batch": sum(tokens) / n_batches,
         "rows_per_batch": rows / n_batches,
-        "docs_per_batch": sum(len(j.items) for k in range(n_batches) for j in todo[k % len(todo)])
-        / n_batches,
+        "docs_per_batch": sum(len(j.items) for b in ran for j in b) / n_batches,
         "wall_ms_per_batch": wall * 1e3 / n_batches,
         "busy_ms_per_batch": busy_us(ks) / 1e3 / n_batches,
         # first kernel's start to the last one's end: without the first launch and the last wait
-        "span_ms_per_batch": (max(k["ts"] + k["dur"] for k in ks) - min(k["ts"] for k in ks))
-        / 1e3
-        / n_batches
-        if ks
-        else 0.0,
+        "span_ms_per_batch": span_us(ks) / 1e3 / n_batches,
         "kernel_ms_per_batch": kernel_us / 1e3 / n_batches,
         "families": {
             f: {
@@ -180,9 +175,8 @@ def main(argv: list[str] | None = None) -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     result = {**environment(device), "matmul_tflops": matmul_tflops(device), "records": []}
     for kernels, attention in itertools.product(a.kernels.split(","), a.attention.split(",")):
-        os.environ[KERNELS_ENV] = attention
         defer = not kernels.endswith("/nodefer")
-        engine = engine_for(cfg, device, kernels.split("/")[0], a.budget, defer=defer)
+        engine = engine_for(cfg, device, kernels.split("/")[0], a.budget, defer=defer, attention=attention)
         for w, scheme in itertools.product(a.workloads.split(","), a.schemes.split(",")):
             rec = {
                 "model": a.model,
