@@ -158,10 +158,10 @@ class DecoderLayer(nn.Module):
         out: torch.Tensor | None = None,
         pending: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The second half: output projection, residuals and MLP; ``out`` may alias ``h``. With
-        the first residual add updates ``h`` in place, and with ``pending`` (a
-        buffer like ``h``) the MLP's output is written there and returned, its add left to the
-        next layer's input norm (``qkv``) or the caller."""
+        """The second half: output projection, residuals and MLP; ``out`` may alias ``h``. The
+        first residual add updates ``h`` in place; with ``pending`` (a buffer like ``h``) the MLP's
+        output is written there and returned, its add left to the next layer's input norm
+        (``qkv``) or the caller."""
         o = self.self_attn.o_proj(attn_out.reshape(h.shape[0], -1))
         x = _add_norm(o, h, self.post_attention_layernorm)
         if pending is not None:
