@@ -76,11 +76,12 @@ FA3_MIN_KEYS_PER_QUERY = 1024
 FA2_MIN_ROWS = 4096
 """With ``kernels="auto"`` on Hopper, a call of at least ``FA2_MIN_ROWS`` query rows whose queries
 see fewer than ``FA3_MIN_KEYS_PER_QUERY`` keys on average runs FA2, every other call FA3.
-Measured on the H200 (bench/RESULTS.md section 15): in serving batches (12-16k rows) FA2 is
-1.35-1.9x faster where queries see ~200-300 keys (200- to 300-token prompts: a 50-token doc is one
-128-row tile, which FA2 fills with both query heads of a KV head and FA3 does not), FA3 1.4-1.5x
-faster at ~1,900 (2,000-token prompts) and ~4,000 (8,000); on one call of a few docs (section 3's
-kernel grid, hundreds of rows) FA3 is up to 3x faster, so a small call keeps FA3."""
+Measured on the H200 (bench/RESULTS.md section 15): in serving batches (12-16k rows) FA2's
+attention is 1.1-2.0x faster where queries see ~200-300 keys (200- to 300-token prompts: a 50-token
+doc is one 128-row tile, which FA2 fills with both query heads of a KV head and FA3 does not; even
+with 400-token docs), FA3 1.4-1.5x faster at ~1,900 (2,000-token prompts) and ~4,000 (8,000); on
+one call of a few docs (section 3's kernel grid, hundreds of rows) FA3 is up to 3.5x faster, so a
+small call keeps FA3."""
 
 
 def hopper(device: torch.device) -> bool:
