@@ -10,7 +10,7 @@
 #      template plain, A-text as the load tool's text calls with the reranker template), then 10%
 #      and 80% of each sweep's saturation for p50 and p99.
 #   bash scripts/gpu/served.sh      device: carry [".gpu", ".wheels"]
-#   env: GPU_TESTS=1 (scripts/gpu/test.sh first), FRONTENDS, WORKLOADS (default "A E A-text"), STEP (seconds per rate, default 4), PROFILE=1
+#   env: GPU_TESTS=1 (scripts/gpu/test.sh first), FRONTENDS, WORKLOADS (default "A E A-text"), STEP (seconds per rate, default 5), PROFILE=1
 #   (py-spy on the last configuration's server at 90% of A's saturation: pyspy-top.txt), HTTP=1 (the
 #   server also on --http-port 8080, and A-text's calls sent to it as Cohere /v2/rerank too:
 #   workload "A-text-cohere", issue 13's HTTP against gRPC on the same calls), SWEEP (rates of every
@@ -23,12 +23,12 @@ use_wheels
 [ "${GPU_TESTS:-}" = 1 ] && { bash scripts/gpu/test.sh >/dev/null || echo "GPU tests failed" >&2; tail -1 "$OUT/gpu-tests.log"; }
 FRONTENDS="${FRONTENDS:-0 4}"
 WORKLOADS="${WORKLOADS:-A E A-text}"
-STEP="${STEP:-4}"
+STEP="${STEP:-5}"  # 3 s steps called A saturated at 500/s in session 10; 5 s steps served 582/s
 CKPT=/tmp/ckpt/qwen3-0.6b-random
 random_checkpoint "$CKPT"
-# steps ~6% apart around 0.9 of the engine's rate (A ~530 calls/s, E ~310, A-text ~430)
-declare -A RATES=([A]="400,440,470,500,530,560" [E]="240,255,270,285,300,315,330"
-  [A-text]="320,345,370,395,420,445" [A-text-cohere]="320,345,370,395,420,445")
+# steps ~5% apart around 0.9 of the engine's rate (session 10: A ~590 calls/s, E ~335, A-text ~460)
+declare -A RATES=([A]="500,530,560,590,620" [E]="285,300,315,330,345,360"
+  [A-text]="380,410,440,470,500" [A-text-cohere]="380,410,440,470,500")
 declare -A GEN=([A]="--docs 10 --prompt-tokens 300 --doc-tokens fixed:50 --token-ids --template plain"
   [E]="--docs 20 --prompt-tokens 200 --doc-tokens fixed:60 --token-ids --template plain"
   [A-text]="--docs 10 --prompt-tokens 300 --doc-tokens fixed:50")
