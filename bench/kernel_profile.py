@@ -17,6 +17,7 @@ import json
 import re
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -32,8 +33,8 @@ FAMILIES = (  # the first pattern a kernel's name matches names its family (FA3'
     ("add_rmsnorm", r"FusedAddRMSNorm"),
     ("rmsnorm", r"RMSNorm"),
     ("silu_and_mul", r"act_and_mul|silu"),
-    ("residual_add", r"elementwise|CUDAFunctor_add|AddFunctor"),
     ("copy_index", r"index|copy|gather|scatter|Memcpy|Memset|embedding|indexSelect"),
+    ("residual_add", r"elementwise|CUDAFunctor_add|AddFunctor"),
 )
 
 
@@ -72,15 +73,20 @@ def busy_us(kernels: list[dict]) -> float:
     return total
 
 
-def idle_by_neighbours(kernels: list[dict]) -> dict[str, float]:
-    """Device idle between consecutive kernels (us), by the families on either side: where a
-    forward's gaps sit (a graph replay's start, an eager attention launch, a batch's end)."""
+def short_name(name: str) -> str:
+    """A kernel's name without its template arguments (``void ns::Kernel<...>(...)`` -> ``ns::Kernel``)."""
+    return re.sub(r"^void ", "", name).split("<")[0].split("(")[0][:60]
+
+
+def idle_by_neighbours(kernels: list[dict], key: Callable[[str], str] = family) -> dict[str, float]:
+    """Device idle between consecutive kernels (us), by the families (or ``key``) on either side:
+    where a forward's gaps sit (a graph replay's start, an eager attention launch, a batch's end)."""
     out: dict[str, float] = defaultdict(float)
     ks = sorted(kernels, key=lambda k: k["ts"])
     end, last = float("-inf"), None
     for k in ks:
         if last is not None and k["ts"] > end:
-            out[f"{family(last['name'])} -> {family(k['name'])}"] += k["ts"] - end
+            out[f"{key(last['name'])} -> {key(k['name'])}"] += k["ts"] - end
         if k["ts"] + k["dur"] >= end:
             end, last = k["ts"] + k["dur"], k
     return dict(sorted(out.items(), key=lambda x: -x[1]))
@@ -139,6 +145,9 @@ def profile(engine, reqs, scheme: str, budget: int, n_batches: int, tmp: Path) -
         },
         "idle_ms_per_batch_by_neighbours": {
             pair: us / 1e3 / n_batches for pair, us in list(idle_by_neighbours(ks).items())[:12]
+        },
+        "idle_ms_per_batch_by_kernels": {
+            pair: us / 1e3 / n_batches for pair, us in list(idle_by_neighbours(ks, short_name).items())[:12]
         },
         "top_kernels": [
             {"name": n, "ms_per_batch": us / 1e3 / n_batches}
@@ -229,6 +238,9 @@ def _print(r: dict, peak: float) -> None:
     print("| idle between (kernel before -> after) | ms/batch |\n|---|---:|")
     for pair, ms in list(r["idle_ms_per_batch_by_neighbours"].items())[:8]:
         print(f"| {pair} | {ms:.3f} |")
+    print("| idle between (kernels) | ms/batch |\n|---|---:|")
+    for pair, ms in list(r["idle_ms_per_batch_by_kernels"].items())[:8]:
+        print(f"| `{pair}` | {ms:.3f} |")
     print("| kernel | ms/batch |\n|---|---:|")
     for k in r["top_kernels"][:12]:
         print(f"| `{k['name']}` | {k['ms_per_batch']:.2f} |")

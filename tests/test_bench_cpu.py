@@ -95,6 +95,10 @@ def test_kernel_profile_sorts_kernels_into_families_and_times_a_batch(tmp_path, 
         "void at::native::vectorized_elementwise_kernel<8, at::native::CUDAFunctor_add<c10::BFloat16>": (
             "residual_add"
         ),
+        "void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(at::Tenso": (
+            "copy_index"
+        ),
+        "Memset (Device)": "copy_index",
     }
     assert {n: kp.family(n) for n in names} == names
     assert kp.busy_us([{"ts": 0, "dur": 10}, {"ts": 5, "dur": 10}, {"ts": 30, "dur": 1}]) == 16
@@ -103,6 +107,15 @@ def test_kernel_profile_sorts_kernels_into_families_and_times_a_batch(tmp_path, 
              {"name": attn, "ts": 14, "dur": 5}, {"name": gemm, "ts": 20, "dur": 5},
              {"name": attn, "ts": 30, "dur": 1}]  # fmt: skip
     assert kp.idle_by_neighbours(trace) == {"gemm -> attention": 9, "attention -> gemm": 1}
+    assert (
+        kp.short_name("void flashinfer::norm::RMSNormKernel<8u, __nv_bfloat16>(x)")
+        == "flashinfer::norm::RMSNormKernel"
+    )
+    named = kp.idle_by_neighbours(trace, kp.short_name)
+    assert named == {
+        "PrefillWithKVCacheKernel -> nvjet_sm90_x": 1,
+        "nvjet_sm90_x -> PrefillWithKVCacheKernel": 9,
+    }
     assert "| A | fused | auto | multi_item (multi_item) |" in capsys.readouterr().out
 
 
