@@ -68,39 +68,27 @@ class Layer:
         return 4 * heads * HEAD_DIM * work
 
 
-def paged(ws, backend, q_lens, kv_slots, causal, heads):
+def wrapper(ws, backend: str, q_lens: list[int], kv: list, causal: bool, heads: tuple[int, int]):
+    """A planned FlashInfer prefill wrapper: ``kv`` a list of slot tensors (the paged pool,
+    ``page_size = 1``) or of key counts (contiguous K/V, the ragged-KV wrapper)."""
     import flashinfer
 
-    w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend=backend)
-    kv_lens = [len(x) for x in kv_slots]
-    w.plan(
-        indptr(q_lens).cuda(),
-        indptr(kv_lens).cuda(),
-        torch.cat(kv_slots).to(torch.int32).cuda(),
-        torch.ones(len(q_lens), dtype=torch.int32).cuda(),
-        heads[0],
-        heads[1],
-        HEAD_DIM,
-        1,
-        causal=causal,
-        q_data_type=torch.bfloat16,
+    paged = isinstance(kv[0], torch.Tensor)
+    kv_lens = [len(x) for x in kv] if paged else kv
+    cls = (
+        flashinfer.BatchPrefillWithPagedKVCacheWrapper
+        if paged
+        else flashinfer.BatchPrefillWithRaggedKVCacheWrapper
     )
-    return w
-
-
-def contiguous(ws, backend, q_lens, kv_lens, causal, heads):
-    import flashinfer
-
-    w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", backend=backend)
-    w.plan(
-        indptr(q_lens).cuda(),
-        indptr(kv_lens).cuda(),
-        heads[0],
-        heads[1],
-        HEAD_DIM,
-        causal=causal,
-        q_data_type=torch.bfloat16,
+    w = cls(ws, "NHD", backend=backend)
+    table = (
+        (torch.cat(kv).to(torch.int32).cuda(), torch.ones(len(q_lens), dtype=torch.int32).cuda())
+        if paged
+        else ()
     )
+    pages = (1,) if paged else ()
+    w.plan(indptr(q_lens).cuda(), indptr(kv_lens).cuda(), *table, heads[0], heads[1], HEAD_DIM, *pages,
+           causal=causal, q_data_type=torch.bfloat16)  # fmt: skip
     return w
 
 
@@ -110,18 +98,18 @@ def variants(lay: Layer, heads: tuple[int, int], backend: str, ws: list[torch.Te
 
     docs = slice(lay.prompts, lay.total)
     q_lens, kv = lay.ragged_requests()
-    rag = paged(ws[0], backend, q_lens, kv, True, heads)
+    rag = wrapper(ws[0], backend, q_lens, kv, True, heads)
     prompt_q = [lay.p] * lay.calls
     prompt_kv = [torch.arange(c * lay.p, (c + 1) * lay.p) for c in range(lay.calls)]
     shared_q = [lay.n * lay.s] * lay.calls
     unique_q = [lay.s] * (lay.calls * lay.n)
     unique_kv = [torch.arange(r, r + lay.s) for r in lay.doc_rows]
-    pp = paged(ws[1], backend, prompt_q, prompt_kv, True, heads)
-    ps = paged(ws[2], backend, shared_q, prompt_kv, False, heads)
-    pu = paged(ws[3], backend, unique_q, unique_kv, True, heads)
-    cp = contiguous(ws[4], backend, prompt_q, prompt_q, True, heads)
-    cs = contiguous(ws[5], backend, shared_q, prompt_q, False, heads)
-    cu = contiguous(ws[6], backend, unique_q, unique_q, True, heads)
+    pp = wrapper(ws[1], backend, prompt_q, prompt_kv, True, heads)
+    ps = wrapper(ws[2], backend, shared_q, prompt_kv, False, heads)
+    pu = wrapper(ws[3], backend, unique_q, unique_kv, True, heads)
+    cp = wrapper(ws[4], backend, prompt_q, prompt_q, True, heads)
+    cs = wrapper(ws[5], backend, shared_q, prompt_q, False, heads)
+    cu = wrapper(ws[6], backend, unique_q, unique_q, True, heads)
 
     def ragged_paged(q, k, v, out):
         rag.run(q, (k.unsqueeze(1), v.unsqueeze(1)), out=out)
