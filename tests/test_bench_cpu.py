@@ -141,3 +141,20 @@ def test_padding_counts_the_rows_each_bucket_table_pads(tmp_path, capsys):
     assert e["tokens"] == 15400 and e["padded_rows"] == {"1/8 growth": 984, "fine top quarter": 216}
     assert all(w["saved_ms_est"] >= 0 for w in result["workloads"].values())
     assert "| B | 12,000 |" in capsys.readouterr().out
+
+
+def test_grpc_floor_times_a_bare_server_at_each_gap(tmp_path, capsys):
+    """bench.grpc_floor: a server in its own process that answers at once, one call at a time
+    against it at each gap, a median per gap in the JSON and the table."""
+    from bench import grpc_floor
+    from loadtest import gen
+
+    reqs = tmp_path / "reqs.jsonl"
+    gen.main(["--out", str(reqs), "--requests", "12", "--docs", "3", "--prompt-tokens", "20", "--doc-tokens",
+              "fixed:5", "--token-ids", "--template", "plain"])  # fmt: skip
+    grpc_floor.main(["--requests", str(reqs), "--gap-ms", "0,5", "--calls", "6",
+                     "--out", str(tmp_path)])  # fmt: skip
+    records = json.loads((tmp_path / "grpc_floor.json").read_text())["records"]
+    assert [(r["server"], r["gap_ms"]) for r in records] == [("aio", 0.0), ("aio", 5.0)]
+    assert all(0 < r["p50_ms"] < 1000 for r in records)
+    assert "| grpc aio | 5 |" in capsys.readouterr().out

@@ -1,0 +1,116 @@
+"""The floor under a served call's "outside" (bench.light_load: client latency less the server's own
+time): a bare ScoreDocs server that answers at once, in a process of its own, and the light-load
+probe's one-call-at-a-time loop against it, with the same requests, ``--gap-ms`` after each answer.
+What it measures is both gRPC stacks and the host's wake-ups, with no scorer code in the way.
+
+    python -m bench.grpc_floor --requests /tmp/A.jsonl [--gap-ms 0,20] [--server aio|sync] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import socket
+import statistics
+import time
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+
+from loadtest.gen import read_jsonl
+from scorer.v1 import scorer_pb2 as pb
+from scorer.v1 import scorer_pb2_grpc
+
+
+class Answer(scorer_pb2_grpc.ScorerServicer):
+    """One score per doc, nothing computed."""
+
+    @staticmethod
+    def response(request: pb.ScoreDocsRequest) -> pb.ScoreDocsResponse:
+        return pb.ScoreDocsResponse(
+            results=[pb.DocScore(index=i, score=0.5) for i in range(len(request.docs))]
+        )
+
+
+class AioAnswer(Answer):
+    async def ScoreDocs(self, request, context):  # noqa: N802 (the gRPC method's name)
+        return self.response(request)
+
+
+class SyncAnswer(Answer):
+    def ScoreDocs(self, request, context):  # noqa: N802
+        return self.response(request)
+
+
+def serve(kind: str, port: int) -> None:
+    if kind == "sync":
+        server = grpc.server(futures.ThreadPoolExecutor(4))
+        scorer_pb2_grpc.add_ScorerServicer_to_server(SyncAnswer(), server)
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        server.start()
+        server.wait_for_termination()
+        return
+
+    async def run() -> None:
+        server = grpc.aio.server()
+        scorer_pb2_grpc.add_ScorerServicer_to_server(AioAnswer(), server)
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        await server.start()
+        await server.wait_for_termination()
+
+    asyncio.run(run())
+
+
+async def probe(target: str, requests: list, gap_s: float, calls: int) -> float:
+    """Median ms of ``calls`` calls, one at a time, ``gap_s`` after each answer."""
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = scorer_pb2_grpc.ScorerStub(channel)
+        await channel.channel_ready()
+        for r in requests[:5]:
+            await stub.ScoreDocs(r, timeout=10)
+        ms = []
+        for r in requests[5 : 5 + calls]:
+            await asyncio.sleep(gap_s)
+            t0 = time.perf_counter()
+            await stub.ScoreDocs(r, timeout=10)
+            ms.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(ms)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=Path, required=True, help="the load tool's JSONL")
+    ap.add_argument("--gap-ms", default="0,20")
+    ap.add_argument("--calls", type=int, default=80)
+    ap.add_argument("--server", choices=("aio", "sync"), default="aio")
+    ap.add_argument("--port", type=int, default=0, help="the server's port (0: a free one)")
+    ap.add_argument("--out", type=Path)
+    a = ap.parse_args(argv)
+    requests = read_jsonl(a.requests)
+    if not a.port:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            a.port = s.getsockname()[1]
+    server = multiprocessing.get_context("spawn").Process(target=serve, args=(a.server, a.port), daemon=True)
+    server.start()
+    try:
+        records = []
+        print("| server | gap ms | round trip p50 ms |\n|---|---:|---:|")
+        for gap in (float(g) for g in a.gap_ms.split(",")):
+            med = asyncio.run(probe(f"127.0.0.1:{a.port}", requests, gap / 1e3, a.calls))
+            records.append({"server": a.server, "gap_ms": gap, "p50_ms": med})
+            print(f"| grpc {a.server} | {gap:g} | {med:.2f} |", flush=True)
+    finally:
+        server.terminate()
+    if a.out:
+        a.out.mkdir(parents=True, exist_ok=True)
+        path = a.out / "grpc_floor.json"
+        old = json.loads(path.read_text())["records"] if path.exists() else []
+        path.write_text(json.dumps({"records": old + records}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
