@@ -3,7 +3,8 @@ time): a bare ScoreDocs server that answers at once, in a process of its own, an
 probe's one-call-at-a-time loop against it, with the same requests, ``--gap-ms`` after each answer.
 What it measures is both gRPC stacks and the host's wake-ups, with no scorer code in the way.
 
-    python -m bench.grpc_floor --requests /tmp/A.jsonl [--gap-ms 0,20] [--server aio|sync] [--out DIR]
+    python -m bench.grpc_floor --requests /tmp/A.jsonl [--gap-ms 0,20] [--server aio|sync]
+        [--client aio|sync] [--out DIR]
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing
+import os
 import socket
 import statistics
 import time
@@ -80,12 +82,29 @@ async def probe(target: str, requests: list, gap_s: float, calls: int) -> float:
     return statistics.median(ms)
 
 
+def probe_sync(target: str, requests: list, gap_s: float, calls: int) -> float:
+    """``probe`` with gRPC's blocking client."""
+    with grpc.insecure_channel(target) as channel:
+        stub = scorer_pb2_grpc.ScorerStub(channel)
+        grpc.channel_ready_future(channel).result(timeout=10)
+        for r in requests[:5]:
+            stub.ScoreDocs(r, timeout=10)
+        ms = []
+        for r in requests[5 : 5 + calls]:
+            time.sleep(gap_s)
+            t0 = time.perf_counter()
+            stub.ScoreDocs(r, timeout=10)
+            ms.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(ms)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=Path, required=True, help="the load tool's JSONL")
     ap.add_argument("--gap-ms", default="0,20")
     ap.add_argument("--calls", type=int, default=80)
     ap.add_argument("--server", choices=("aio", "sync"), default="aio")
+    ap.add_argument("--client", choices=("aio", "sync"), default="aio")
     ap.add_argument("--port", type=int, default=0, help="the server's port (0: a free one)")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
@@ -98,11 +117,18 @@ def main(argv: list[str] | None = None) -> None:
     server.start()
     try:
         records = []
-        print("| server | gap ms | round trip p50 ms |\n|---|---:|---:|")
+        print("| server | client | gap ms | round trip p50 ms |\n|---|---|---:|---:|")
         for gap in (float(g) for g in a.gap_ms.split(",")):
-            med = asyncio.run(probe(f"127.0.0.1:{a.port}", requests, gap / 1e3, a.calls))
-            records.append({"server": a.server, "gap_ms": gap, "p50_ms": med})
-            print(f"| grpc {a.server} | {gap:g} | {med:.2f} |", flush=True)
+            target = f"127.0.0.1:{a.port}"
+            if a.client == "sync":
+                med = probe_sync(target, requests, gap / 1e3, a.calls)
+            else:
+                med = asyncio.run(probe(target, requests, gap / 1e3, a.calls))
+            poll = os.environ.get("GRPC_POLL_STRATEGY", "")  # gRPC's own default when empty
+            records.append(
+                {"server": a.server, "client": a.client, "poll": poll, "gap_ms": gap, "p50_ms": med}
+            )
+            print(f"| grpc {a.server} | grpc {a.client} | {gap:g} | {med:.2f} |", flush=True)
     finally:
         server.terminate()
     if a.out:

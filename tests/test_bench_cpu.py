@@ -157,4 +157,4 @@ def test_grpc_floor_times_a_bare_server_at_each_gap(tmp_path, capsys):
     records = json.loads((tmp_path / "grpc_floor.json").read_text())["records"]
     assert [(r["server"], r["gap_ms"]) for r in records] == [("aio", 0.0), ("aio", 5.0)]
     assert all(0 < r["p50_ms"] < 1000 for r in records)
-    assert "| grpc aio | 5 |" in capsys.readouterr().out
+    assert "| grpc aio | grpc aio | 5 |" in capsys.readouterr().out
