@@ -105,7 +105,7 @@ for cfg in $FRONTENDS; do
   if [ "${PROFILE:-}" = 1 ] && [ "$cfg" = "${FRONTENDS##* }" ]; then
     rate=$(python3 scripts/gpu/served.py share "$OUT/$name/A/sweep" 0.9)
     taskset -c 0-3 python3 -m loadtest.run --target 127.0.0.1:50051 --requests /tmp/A.jsonl --rate "$rate" \
-      --duration 12 "${COMMON[@]}" --out /tmp/profile-load >/dev/null 2>&1 &
+      --duration 12 "${COMMON[@]}" --out /tmp/profile-load >"$OUT/profile-load.log" 2>&1 &
     load=$!
     sleep 3
     pyspy_top $pid 8 30
