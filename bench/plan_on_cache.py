@@ -1,45 +1,39 @@
-"""Host time to plan workload A on the prefix cache, without the model: ``Engine.plan`` alone and
+"""Host time to plan workload A (or A': log-normal doc lengths, so no two plans share a shape) on
+the prefix cache, without the model: ``Engine.plan`` alone and
 ``Engine._plan_on_cache`` for prompts seen once (the default admission keeps them off the pool)
 and for prompts written to the pool (the cache's reservation and ``on_pool``; the lease then
 aborted, so each use writes again), for one call and for batches of 19 (a serving batch of A),
 on one torch thread (``--host-threads``' default), median ms.
 
-    python -m bench.plan_on_cache [--out DIR]      # prints a table, writes plan_on_cache.json
+    python -m bench.plan_on_cache [--workload "A'"] [--out DIR]   # a table; plan_on_cache.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 import time
 from pathlib import Path
 
 import torch
 
-from scorer.request import Doc, ScoreOptions, ScoreRequest
 from scorer.settings import Settings
 
+from .throughput import calls
+
 BATCH = 19
-
-
-def calls(n: int, vocab: int) -> list[ScoreRequest]:
-    rng = random.Random(0)
-    ids = lambda k: tuple(rng.randrange(vocab) for _ in range(k))  # noqa: E731
-    opts = ScoreOptions(template="plain", label_token_ids=(1, 2))
-    docs = lambda: [Doc(token_ids=ids(50)) for _ in range(10)]  # noqa: E731
-    return [ScoreRequest("", docs(), prompt_token_ids=ids(300), options=opts) for _ in range(n)]
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path)
     ap.add_argument("--label", default="")
+    ap.add_argument("--workload", default="A", choices=("A", "A'"))
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     engine = Settings().build_engine()
-    jobs = [engine.tokenize(r) for r in calls(1200, engine.runner.model.config.vocab_size)]
+    jobs = [engine.tokenize(r) for r in calls(args.workload, 1200, engine.runner.model.config.vocab_size)]
     fresh = iter(jobs[600:])  # prompts the cache has never seen: one use each
 
     def on_cache(batch):
@@ -72,13 +66,19 @@ def main(argv: list[str] | None = None) -> None:
             rows[f"{name}, {size} call{'s' if size > 1 else ''}"] = statistics.median(times)
     engine.cache.admit = 2
     print(
-        f"| {args.label or 'this tree'} | " + " | ".join(f"{k}: {v:.3f} ms" for k, v in rows.items()) + " |"
+        f"| {args.label or 'this tree'} | {args.workload} | "
+        + " | ".join(f"{k}: {v:.3f} ms" for k, v in rows.items())
+        + " |"
     )
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         path = args.out / "plan_on_cache.json"
         old = json.loads(path.read_text())["records"] if path.exists() else []
-        path.write_text(json.dumps({"records": [*old, {"label": args.label, **rows}]}, indent=1))
+        path.write_text(
+            json.dumps(
+                {"records": [*old, {"label": args.label, "workload": args.workload, **rows}]}, indent=1
+            )
+        )
 
 
 if __name__ == "__main__":

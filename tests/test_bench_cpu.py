@@ -62,9 +62,13 @@ def test_plan_on_cache_times_every_path(tmp_path, capsys):
     from bench import plan_on_cache
 
     plan_on_cache.main(["--out", str(tmp_path), "--label", "test"])
-    (record,) = json.loads((tmp_path / "plan_on_cache.json").read_text())["records"]
-    assert len(record) == 7 and all(v > 0 for k, v in record.items() if k != "label"), record
-    assert record["plan on the cache, prompts written, 19 calls"] > record["plan, 19 calls"]
+    plan_on_cache.main(["--out", str(tmp_path), "--label", "test", "--workload", "A'"])
+    records = json.loads((tmp_path / "plan_on_cache.json").read_text())["records"]
+    assert [r["workload"] for r in records] == ["A", "A'"]
+    for record in records:
+        times = {k: v for k, v in record.items() if k not in ("label", "workload")}
+        assert len(times) == 6 and all(v > 0 for v in times.values()), record
+        assert record["plan on the cache, prompts written, 19 calls"] > record["plan, 19 calls"]
 
 
 def test_kernel_profile_sorts_kernels_into_families_and_times_a_batch(tmp_path, capsys):

@@ -147,6 +147,28 @@ def test_check_rejects_items_over_uint16_positions():
     assert int(meta.max_item_len[0]) == 65536
 
 
+def test_check_names_the_request_whose_item_is_over_uint16_positions():
+    with pytest.raises(PlanError, match="request 1: item of 65536 tokens"):
+        check_plan(REGISTRY["ragged"].plan([Shape(4, (3,)), Shape(1, (2, 65536))]), 32768)
+
+
+def test_check_rejects_rows_no_call_covers_and_calls_that_overlap_partly():
+    """Cascade's pass: the prompts' call over rows [0, 10), the shared and unique levels over [10, 18)."""
+    from dataclasses import replace
+
+    plan = _plan("cascade", [Shape(10, (5, 3))])
+    check_plan(plan, 32768)
+    (p,) = plan.passes
+    prompt_call, *levels = p.calls
+    assert prompt_call.rows == (0, 10) and {c.rows for c in levels} == {(10, 18)}
+    without = replace(plan, passes=(replace(p, calls=tuple(levels)),))
+    with pytest.raises(PlanError, match="rows without an attention call"):
+        check_plan(without, 32768)
+    overlapping = replace(plan, passes=(replace(p, calls=(replace(prompt_call, q_end=11), *levels)),))
+    with pytest.raises(PlanError, match="overlap partly"):
+        check_plan(overlapping, 32768)
+
+
 def _broken(scheme: str, shapes, **change):
     from dataclasses import replace
 

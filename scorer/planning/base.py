@@ -310,32 +310,36 @@ def check_plan(plan: Plan, max_custom_mask_tokens: int) -> None:
     """Raise PlanError unless every pass is something FlashInfer runs exactly."""
     num_slots = plan.num_slots
     for k, p in enumerate(plan.passes):
-        covered = torch.zeros(p.num_rows, dtype=torch.bool)
         ranges = sorted({c.rows for c in p.calls})
         for (s0, e0), (s1, _) in zip(ranges, ranges[1:], strict=False):
             if s1 < e0:
                 raise PlanError(f"pass {k}: calls over rows [{s0},{e0}) and [{s1},..) overlap partly")
         for c in p.calls:
             _check_call(c, p.slot_offset + p.num_rows, max_custom_mask_tokens, f"pass {k}")
-            covered[c.q_start : c.q_end] = True
-        if not bool(covered.all()):
+        covered = 0  # the calls' rows, in order, leave no row of the pass out
+        for s0, e0 in ranges:
+            if s0 > covered:
+                break
+            covered = max(covered, e0)
+        if covered < p.num_rows:
             raise PlanError(f"pass {k}: rows without an attention call")
-    for r, locs in enumerate(plan.items):
-        longest = max((loc.length for loc in locs), default=0)
-        if longest > MAX_ITEM_LEN:
-            raise PlanError(f"request {r}: item of {longest} tokens exceeds {MAX_ITEM_LEN}")
+    if max((loc.length for locs in plan.items for loc in locs), default=0) > MAX_ITEM_LEN:
+        r, longest = max(
+            enumerate(max((loc.length for loc in locs), default=0) for locs in plan.items), key=lambda x: x[1]
+        )
+        raise PlanError(f"request {r}: item of {longest} tokens exceeds {MAX_ITEM_LEN}")
     if any(len(p.calls) == 0 for p in plan.passes) or num_slots == 0:
         raise PlanError("empty pass")
 
 
 def _check_call(c: AttentionCall, visible_slots: int, mask_cap: int, where: str) -> None:
-    q_lens = np.diff(c.qo_indptr.numpy()).astype(np.int64)  # numpy: a call holds thousands
-    kv_lens = np.diff(c.kv_indptr.numpy()).astype(np.int64)
-    if int(c.qo_indptr[-1]) != c.q_end - c.q_start or int(c.kv_indptr[-1]) != len(c.kv_indices):
+    qo, kvp, kv = c.qo_indptr.numpy(), c.kv_indptr.numpy(), c.kv_indices.numpy()  # numpy: thousands
+    q_lens, kv_lens = np.diff(qo).astype(np.int64), np.diff(kvp).astype(np.int64)
+    if int(qo[-1]) != c.q_end - c.q_start or int(kvp[-1]) != len(kv):
         raise PlanError(f"{where}: indptr does not match rows or kv_indices")
     if len(q_lens) and (q_lens.min() < 0 or kv_lens.min() < 1):
         raise PlanError(f"{where}: empty or negative request")
-    if len(c.kv_indices) and (int(c.kv_indices.min()) < 0 or int(c.kv_indices.max()) >= visible_slots):
+    if len(kv) and (int(kv.min()) < 0 or int(kv.max()) >= visible_slots):
         raise PlanError(f"{where}: kv_indices outside the slots written so far")
     if c.causal and bool((q_lens > kv_lens).any()):
         raise PlanError(f"{where}: causal request with more queries than keys")
