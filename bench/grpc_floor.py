@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing
 import os
 import socket
@@ -25,6 +24,8 @@ import grpc
 from loadtest.gen import read_jsonl
 from scorer.v1 import scorer_pb2 as pb
 from scorer.v1 import scorer_pb2_grpc
+
+from .timing import append_records
 
 
 class Answer(scorer_pb2_grpc.ScorerServicer):
@@ -132,10 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         server.terminate()
     if a.out:
-        a.out.mkdir(parents=True, exist_ok=True)
-        path = a.out / "grpc_floor.json"
-        old = json.loads(path.read_text())["records"] if path.exists() else []
-        path.write_text(json.dumps({"records": old + records}, indent=1))
+        append_records(a.out / "grpc_floor.json", records)
 
 
 if __name__ == "__main__":

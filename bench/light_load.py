@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import time
 from pathlib import Path
@@ -21,6 +20,8 @@ import grpc
 from loadtest.gen import read_jsonl
 from scorer.v1 import scorer_pb2 as pb
 from scorer.v1 import scorer_pb2_grpc
+
+from .timing import append_records
 
 STAGES = ("client", "server", "outside", "tokenize", "queue", "forward", "rest")
 
@@ -66,10 +67,7 @@ def main(argv: list[str] | None = None) -> None:
         records.append({"config": args.label, "gap_ms": gap, **{f"{k}_ms": v for k, v in med.items()}})
         print(f"| {args.label} | {gap:g} | " + " | ".join(f"{med[s]:.2f}" for s in STAGES) + " |", flush=True)
     if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        path = args.out / "light_load.json"
-        old = json.loads(path.read_text())["records"] if path.exists() else []
-        path.write_text(json.dumps({"records": old + records}, indent=1))
+        append_records(args.out / "light_load.json", records)
 
 
 if __name__ == "__main__":

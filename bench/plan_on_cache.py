@@ -11,7 +11,6 @@ on one torch thread (``--host-threads``' default), median ms.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ import torch
 from scorer.settings import Settings
 
 from .throughput import calls
+from .timing import append_records
 
 BATCH = 19
 
@@ -71,13 +71,8 @@ def main(argv: list[str] | None = None) -> None:
         + " |"
     )
     if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        path = args.out / "plan_on_cache.json"
-        old = json.loads(path.read_text())["records"] if path.exists() else []
-        path.write_text(
-            json.dumps(
-                {"records": [*old, {"label": args.label, "workload": args.workload, **rows}]}, indent=1
-            )
+        append_records(
+            args.out / "plan_on_cache.json", [{"label": args.label, "workload": args.workload, **rows}]
         )
 
 

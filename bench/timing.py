@@ -122,6 +122,12 @@ def environment(device: torch.device) -> dict:
     return env
 
 
+def append_records(path: Path, records: list[dict]) -> None:
+    """Add ``records`` to the ``{"records": [...]}`` file at ``path`` (made if absent)."""
+    old = json.loads(path.read_text())["records"] if path.exists() else []
+    write_json(path, {"records": old + records})
+
+
 def write_json(path: Path, data: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
