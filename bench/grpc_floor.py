@@ -25,6 +25,7 @@ from loadtest.gen import read_jsonl
 from scorer.v1 import scorer_pb2 as pb
 from scorer.v1 import scorer_pb2_grpc
 
+from .light_load import probe
 from .timing import append_records
 
 
@@ -67,27 +68,10 @@ def serve(kind: str, port: int) -> None:
     asyncio.run(run())
 
 
-async def probe(target: str, requests: list, gap_s: float, calls: int) -> float:
-    """Median ms of ``calls`` calls, one at a time, ``gap_s`` after each answer."""
-    async with grpc.aio.insecure_channel(target) as channel:
-        stub = scorer_pb2_grpc.ScorerStub(channel)
-        await channel.channel_ready()
-        for r in requests[:5]:
-            await stub.ScoreDocs(r, timeout=10)
-        ms = []
-        for r in requests[5 : 5 + calls]:
-            await asyncio.sleep(gap_s)
-            t0 = time.perf_counter()
-            await stub.ScoreDocs(r, timeout=10)
-            ms.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(ms)
-
-
 def probe_sync(target: str, requests: list, gap_s: float, calls: int) -> float:
-    """``probe`` with gRPC's blocking client."""
+    """``bench.light_load.probe``'s client latency, with gRPC's blocking client."""
     with grpc.insecure_channel(target) as channel:
         stub = scorer_pb2_grpc.ScorerStub(channel)
-        grpc.channel_ready_future(channel).result(timeout=10)
         for r in requests[:5]:
             stub.ScoreDocs(r, timeout=10)
         ms = []
@@ -116,15 +100,17 @@ def main(argv: list[str] | None = None) -> None:
             a.port = s.getsockname()[1]
     server = multiprocessing.get_context("spawn").Process(target=serve, args=(a.server, a.port), daemon=True)
     server.start()
+    target = f"127.0.0.1:{a.port}"
     try:
+        with grpc.insecure_channel(target) as channel:  # the server's process is up and listening
+            grpc.channel_ready_future(channel).result(timeout=30)
         records = []
         print("| server | client | gap ms | round trip p50 ms |\n|---|---|---:|---:|")
         for gap in (float(g) for g in a.gap_ms.split(",")):
-            target = f"127.0.0.1:{a.port}"
             if a.client == "sync":
                 med = probe_sync(target, requests, gap / 1e3, a.calls)
             else:
-                med = asyncio.run(probe(target, requests, gap / 1e3, a.calls))
+                med = asyncio.run(probe(target, requests, gap / 1e3, a.calls))["client"]
             poll = os.environ.get("GRPC_POLL_STRATEGY", "")  # gRPC's own default when empty
             records.append(
                 {"server": a.server, "client": a.client, "poll": poll, "gap_ms": gap, "p50_ms": med}
