@@ -29,13 +29,13 @@ from scorer import readout
 from scorer.attention import HeadSpec, make_backend
 from scorer.config import ModelConfig
 from scorer.engine import Engine, logical_tokens
-from scorer.models.tiny import build_tokenizer
 from scorer.runner import ModelRunner
 from scorer.runtime import model_kernels
 from scorer.server.convert import request_from_proto
 from scorer.v1 import scorer_pb2 as pb
 
 from .e2e import QWEN3_06B, build_model
+from .throughput import embedded_tokenizer
 from .timing import environment, sync, write_json
 
 STAGES = ("plan", "inputs", "issue", "device", "logprobs", "results")
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
         "auto", HeadSpec(config.num_heads, config.num_kv_heads, config.head_dim, torch.bfloat16, device)
     )
     model = build_model(device, a.layers, model_kernels(a.model_kernels, backend.name, device.type))
-    engine = Engine(ModelRunner(model, backend, a.graph_max_tokens), build_tokenizer())
+    engine = Engine(ModelRunner(model, backend, a.graph_max_tokens), embedded_tokenizer())
     engine.runner.capture_graphs()
     todo = batches(engine, a.requests.read_text().splitlines(), a.budget)[: a.batches + 2]
     for b in todo[:2]:  # warm-up: first-use setup of every bucket and wrapper touched

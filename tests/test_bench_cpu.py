@@ -162,3 +162,20 @@ def test_grpc_floor_times_a_bare_server_at_each_gap(tmp_path, capsys):
     assert [(r["server"], r["gap_ms"]) for r in records] == [("aio", 0.0), ("aio", 5.0)]
     assert all(0 < r["p50_ms"] < 1000 for r in records)
     assert "| grpc aio | grpc aio | 5 |" in capsys.readouterr().out
+
+
+def test_batch_breakdown_times_every_stage_of_a_batch(tmp_path):
+    """bench.batch_breakdown (issue 10's plan stage): batches formed under the budget, a median
+    per stage, the whole call and the pipelined rate, on the CPU with one layer."""
+    from bench import batch_breakdown
+    from loadtest import gen
+
+    reqs = tmp_path / "reqs.jsonl"
+    gen.main(["--out", str(reqs), "--requests", "6", "--docs", "3", "--prompt-tokens", "30", "--doc-tokens",
+              "fixed:8", "--token-ids", "--template", "plain"])  # fmt: skip
+    batch_breakdown.main(["--requests", str(reqs), "--device", "cpu", "--layers", "1", "--batches", "2",
+                          "--budget", "64", "--graph-max-tokens", "0", "--out", str(tmp_path)])  # fmt: skip
+    result = json.loads((tmp_path / "batch_breakdown.json").read_text())
+    stages = result["stages_ms_median"]
+    assert set(stages) == set(batch_breakdown.STAGES) and all(v > 0 for v in stages.values())
+    assert result["tokens_per_batch"] <= 64 and result["pipelined_ms_per_batch"] > 0
