@@ -175,6 +175,7 @@ def main(argv: list[str] | None = None) -> None:
         default="auto",
         help="comma-separated FlashInfer kernels (auto, fa2, fa3), each profiled",
     )
+    ap.add_argument("--blas", default="default", help="comma-separated bench.throughput.BLAS, each profiled")
     ap.add_argument("--batches", type=int, default=12)
     ap.add_argument("--budget", type=int, default=16384)
     ap.add_argument("--device", default="cuda")
@@ -183,14 +184,19 @@ def main(argv: list[str] | None = None) -> None:
     cfg = MODELS[a.model]
     a.out.mkdir(parents=True, exist_ok=True)
     result = {**environment(device), "matmul_tflops": matmul_tflops(device), "records": []}
-    for kernels, attention in itertools.product(a.kernels.split(","), a.attention.split(",")):
+    for kernels, attention, blas in itertools.product(
+        *(x.split(",") for x in (a.kernels, a.attention, a.blas))
+    ):
         defer = not kernels.endswith("/nodefer")
-        engine = engine_for(cfg, device, kernels.split("/")[0], a.budget, defer=defer, attention=attention)
+        engine = engine_for(
+            cfg, device, kernels.split("/")[0], a.budget, defer=defer, attention=attention, blas=blas
+        )
         for w, scheme in itertools.product(a.workloads.split(","), a.schemes.split(",")):
             rec = {
                 "model": a.model,
                 "kernels": kernels,
                 "attention": attention,
+                "blas": blas,
                 "workload": w,
                 "scheme": scheme,
             }
@@ -205,22 +211,24 @@ def main(argv: list[str] | None = None) -> None:
         torch.cuda.empty_cache()
     (a.out / "trace.json").unlink(missing_ok=True)
     print(
-        "\n| workload | kernels | attention | scheme | docs/s | wall ms | span ms | busy ms | attention ms"
-        " | GEMM ms |\n|---|---|---|---|---:|---:|---:|---:|---:|---:|"
+        "\n| workload | kernels | attention | blas | scheme | docs/s | wall ms | span ms | busy ms"
+        " | attention ms | GEMM ms | copies+memsets |\n"
+        "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"
     )
     for r in result["records"]:
         fam = {f: v["ms_per_batch"] for f, v in r["families"].items()}
+        copies = r["families"].get("copy_index", {}).get("launches_per_batch", 0)
         print(
-            f"| {r['workload']} | {r['kernels']} | {r['attention']} | {r['scheme']}"
+            f"| {r['workload']} | {r['kernels']} | {r['attention']} | {r['blas']} | {r['scheme']}"
             f" ({','.join(r['scheme_used'])}) | {r['docs_s']:,.0f} | {r['wall_ms_per_batch']:.2f}"
             f" | {r['span_ms_per_batch']:.2f} | {r['busy_ms_per_batch']:.2f} | {fam.get('attention', 0):.2f}"
-            f" | {fam.get('gemm', 0):.2f} |"
+            f" | {fam.get('gemm', 0):.2f} | {copies:.0f} |"
         )
 
 
 def _print(r: dict, peak: float) -> None:
     print(
-        f"\n{r['model']} {r['workload']} kernels={r['kernels']} attention={r['attention']}"
+        f"\n{r['model']} {r['workload']} kernels={r['kernels']} attention={r['attention']} blas={r['blas']}"
         f" scheme={r['scheme']}: {r['tokens_per_batch']:.0f} tokens"
         f" ({r['rows_per_batch']:.0f} rows), {r['docs_per_batch']:.0f} docs a batch; wall"
         f" {r['wall_ms_per_batch']:.2f} ms, kernels' span {r['span_ms_per_batch']:.2f} ms, busy"

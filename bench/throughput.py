@@ -6,10 +6,11 @@ label ids. For each workload (prompt + N docs of S tokens) and system:
 * an engine system (``auto`` or a forced scheme; ``auto@flashinfer`` is ``auto`` on the model's
   FlashInfer kernels instead of the fused ones, ``auto@fa3`` or ``@fa2`` with FlashInfer's prefill
   kernel forced instead of chosen per call, ``auto@coarse`` on CUDA-graph buckets growing by 1/8
-  alone): batches of at most ``--budget`` tokens formed as
-  the server's batcher forms them at saturation (``full_batches``: no runt at the list's end) and
-  pipelined as it runs them (the next batch launched before the last is collected); docs/s at
-  saturation, one idle call's p50/p95, peak GPU memory;
+  alone, ``auto@lt`` with its GEMMs captured from cuBLASLt instead of cuBLAS, ``auto@exact`` with
+  cuBLAS's reduced-precision bf16 split-K reductions off, ``BLAS``): batches of at most
+  ``--budget`` tokens formed as the server's batcher forms them at saturation (``full_batches``:
+  no runt at the list's end) and pipelined as it runs them (the next batch launched before the
+  last is collected); docs/s at saturation, one idle call's p50/p95, peak GPU memory;
 * ``hf_naive``: transformers (SDPA) on every [prompt + doc] as a row of a batch;
 * ``hf_prefix``: the prompt's KV cache computed once and repeated over a batch of docs;
   both at their best batch size of ``HF_BATCHES``.
@@ -39,6 +40,8 @@ import math
 import random
 import statistics
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -370,6 +373,30 @@ def _hf_prefix(model, req: ScoreRequest, bsz: int, device) -> None:
         _last_rows(model, out.last_hidden_state, torch.tensor([len(s) - 1 for s in chunk], device=device))
 
 
+BLAS = ("default", "lt", "exact")
+"""How the GEMMs of the CUDA graphs are chosen at capture: torch's defaults (cuBLAS, reduced-
+precision bf16 reductions allowed), cuBLASLt preferred, or reduced-precision reductions off (the
+kernel profile shows a memset before every GEMM of the graphs: a split-K or stream-K workspace)."""
+
+
+@contextmanager
+def blas_choice(blas: str) -> Iterator[None]:
+    """torch's cuBLAS switches for ``blas`` (one of ``BLAS``) while the block runs."""
+    if blas not in BLAS:
+        raise ValueError(f"unknown blas {blas!r}; expected one of {BLAS}")
+    cuda, matmul = torch.backends.cuda, torch.backends.cuda.matmul
+    before = (cuda.preferred_blas_library(), matmul.allow_bf16_reduced_precision_reduction)
+    try:
+        if blas == "lt":
+            cuda.preferred_blas_library("cublaslt")
+        if blas == "exact":
+            matmul.allow_bf16_reduced_precision_reduction = False
+        yield
+    finally:
+        cuda.preferred_blas_library(before[0])
+        matmul.allow_bf16_reduced_precision_reduction = before[1]
+
+
 def engine_for(
     cfg: dict,
     device: torch.device,
@@ -378,12 +405,14 @@ def engine_for(
     defer: bool = True,
     attention: str = "auto",
     fine_top: bool = True,
+    blas: str = "default",
 ) -> Engine:
     """The serving configuration (FlashInfer, CUDA graphs); the torch reference on the CPU (smoke);
     the embedded tokenizer, for the text calls. ``defer=False``: each layer adds its MLP residual
     itself instead of leaving it to the next layer's fused add-and-norm (to measure that fusion);
     ``attention``: FlashInfer's prefill kernels (``auto``: per call, ``fa2``, ``fa3``);
-    ``fine_top=False``: the CUDA-graph buckets growing by 1/8 alone (before section 15's)."""
+    ``fine_top=False``: the CUDA-graph buckets growing by 1/8 alone (before section 15's);
+    ``blas``: how the graphs' GEMMs are chosen (``BLAS``)."""
     cuda = device.type == "cuda"
     model = build_model(device, cfg["num_hidden_layers"], kernels if cuda else "torch", cfg)
     model.defers_residual = model.defers_residual and defer
@@ -398,7 +427,8 @@ def engine_for(
     runner = ModelRunner(model, backend, 16384 if cuda else 0)
     if runner.graphs is not None and not fine_top:
         runner.graphs.buckets = buckets(runner.graphs.max_tokens, fine_top=False)
-    runner.capture_graphs()
+    with blas_choice(blas):
+        runner.capture_graphs()
     config = EngineConfig(max_tokens_per_pass=budget, auto_policy="calibrated")
     return Engine(runner, embedded_tokenizer(), config)
 
@@ -417,7 +447,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--models", default="qwen3-0.6b,qwen3-8b")
     ap.add_argument("--workloads", default="", help="comma-separated (default: every one of the model)")
     ap.add_argument(
-        "--systems", default="", help="auto, auto@flashinfer, auto@fa3, a scheme, hf_naive, hf_prefix"
+        "--systems",
+        default="",
+        help="auto, auto@flashinfer, auto@fa3, auto@lt, a scheme, hf_naive, hf_prefix",
     )
     ap.add_argument("--seconds", type=float, default=4.0, help="per system, at saturation")
     ap.add_argument("--cache-systems", default="auto,auto+cache", help="the systems of the repeat workloads")
@@ -466,7 +498,8 @@ def main(argv: list[str] | None = None) -> None:
                 at = system.partition("@")[2].removesuffix("+cache")  # kernels, attention, buckets
                 attention = at if at in ("fa2", "fa3") else "auto"
                 kernels = "hf" if system.startswith("hf_") else at if at == "flashinfer" else "fused"
-                key = f"{kernels}/{attention}/{at == 'coarse'}" + (
+                blas = at if at in BLAS else "default"
+                key = f"{kernels}/{attention}/{at == 'coarse'}/{blas}" + (
                     "+cache" if system.endswith("+cache") else ""
                 )
                 scheme = system.split("@")[0].removesuffix("+cache")
@@ -477,7 +510,13 @@ def main(argv: list[str] | None = None) -> None:
                             hf_model(cfg, device)
                             if kernels == "hf"
                             else engine_for(
-                                cfg, device, kernels, a.budget, attention=attention, fine_top=at != "coarse"
+                                cfg,
+                                device,
+                                kernels,
+                                a.budget,
+                                attention=attention,
+                                fine_top=at != "coarse",
+                                blas=blas,
                             )
                         )
                     if key not in engines:  # the same model and runner, with a pool

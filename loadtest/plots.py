@@ -178,7 +178,9 @@ def latency_throughput_figure(runs: Sequence[dict]) -> plt.Figure:
     if n_failed:
         handles.append(Line2D([], [], color="grey", ls="", marker="x", mew=2, label="no ok call"))
     _legend(ax, handles, fontsize=7)
-    ax.set(xlabel="achieved ok calls/s", ylabel="latency (ms)", yscale="log", title="Latency vs throughput")
+    # a log axis needs one latency to place (a sweep whose every step failed has none)
+    scale = "log" if any(r["latency_seconds"]["p99"] is not None for r in runs) else "linear"
+    ax.set(xlabel="achieved ok calls/s", ylabel="latency (ms)", yscale=scale, title="Latency vs throughput")
     ax.grid(True, which="both", alpha=0.3)
     top = max([r["offered_rps"] or 0 for r in runs] + [1])
     ax2.plot([0, top], [0, top], color="grey", lw=0.6, ls=":")

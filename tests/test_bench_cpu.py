@@ -120,7 +120,7 @@ def test_kernel_profile_sorts_kernels_into_families_and_times_a_batch(tmp_path, 
         "PrefillWithKVCacheKernel -> nvjet_sm90_x": 1,
         "nvjet_sm90_x -> PrefillWithKVCacheKernel": 9,
     }
-    assert "| A | fused | auto | multi_item (multi_item) |" in capsys.readouterr().out
+    assert "| A | fused | auto | default | multi_item (multi_item) |" in capsys.readouterr().out
 
 
 def test_full_batches_drop_the_runt_a_saturated_batcher_never_forms():

