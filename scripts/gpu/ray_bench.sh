@@ -18,11 +18,17 @@
 # ray-CONFIG.log.gz (scorer.ray_local's output) and ray-logs-CONFIG.tgz (the replicas' logs).
 #   bash scripts/gpu/ray_bench.sh            (about 8 minutes; fails at the first error)
 #   FAULT_ONLY=150 bash scripts/gpu/ray_bench.sh   (Ray alone: the fault run at 150 calls/s, then HTTP)
+#   SKIP_FAULT=1 (no fault run); PROFILE=1 (py-spy on the last configuration's replica and its engine
+#   process for 12 s of A's sweep -> $OUT/pyspy-top.txt; carry .wheels/py_spy-*.whl too)
 # Ray's own knobs pass through the environment to every Ray process, e.g. the proxy's:
 #   RAY_SERVE_PROXY_USE_GRPC=0 CONFIGS=proxy bash scripts/gpu/ray_bench.sh   (Ray's actor calls instead of scorer.ray_serve.RAY_ENV)
 source scripts/gpu/env.sh
 set -euo pipefail
 SITE="${RAY_SITE:-/tmp/ray-site}"
+if [ "${PROFILE:-}" = 1 ]; then  # py-spy alone from .wheels (carry it): the rest of .wheels would shadow Ray's site
+  python3 -m pip install -q --no-index --no-deps --target /tmp/pyspy .wheels/py_spy-*.whl
+  export PATH="/tmp/pyspy/bin:$PATH"
+fi
 [ -d "$SITE/ray" ] || { echo "no Ray in $SITE: run scripts/gpu/ray_unpack.sh first (< 30 s before)" >&2; exit 1; }
 # Ray's workers inherit it from the driver that starts Ray; absolute: they need not start in $PWD
 export PYTHONPATH="$PWD:$PYTHONPATH:$SITE"
@@ -118,6 +124,7 @@ finish() {  # also on failure: no server left running, at most a handful of file
   gzip -f serve.log ray-*.log 2>/dev/null || true
 }
 trap finish EXIT
+trap 'exit 143' TERM  # a timeout still leaves the reports in $OUT
 
 # 1a. scorer serve  (SKIP_SERVE=1 with LOW_A and LOW_E: Ray alone, against a serve run of an earlier call)
 if [ -z "${SKIP_SERVE:-}" ] && [ -z "${FAULT_ONLY:-}" ]; then
@@ -151,11 +158,15 @@ ray_cfg=
 last=${CONFIGS##* }
 for cfg in $CONFIGS; do
   start_ray "$cfg"
+  if [ "${PROFILE:-}" = 1 ] && [ "$cfg" = "${CONFIGS##* }" ]; then  # py-spy on the replica during A's sweep
+    ( sleep 8; pyspy_top "$(pgrep -f '^ray::ServeReplica:scorer:Scorer' | head -1)" 12 60 ) &
+  fi
   [ -n "${FAULT_ONLY:-}" ] || measure "ray-$cfg" 127.0.0.1:9000
   [ "$cfg" = "$last" ] || stop_ray
 done
 half=${FAULT_ONLY:-$(share "ray-$last-E" 0.5)}
 
+if [ -z "${SKIP_FAULT:-}" ]; then
 # 2. the fault run
 replica=$(pgrep -f '^ray::ServeReplica:scorer:Scorer' | head -1)
 [ -n "$replica" ] || { echo "no replica process found" >&2; exit 1; }
@@ -178,6 +189,7 @@ wait $killer
 new=$(pgrep -f '^ray::ServeReplica:scorer:Scorer' | head -1)
 [ -n "$new" ] && [ "$new" != "$replica" ] || { echo "Serve started no new replica" >&2; exit 1; }
 wait_serving 127.0.0.1:9000 $ray_pid "$OUT/ray-$last.log"  # the new replica serves (if the run ended first)
+fi
 
 # 3. the HTTP routes through Serve's HTTP proxy
 for api in cohere jina tei; do
@@ -217,15 +229,16 @@ for w in "AE":
     for c in configs:
         if caps["serve"] and caps[f"ray-{c}"]:
             print(f"| {w} | ray-{c} / serve | {caps[f'ray-{c}'] / caps['serve']:.2f} | | |")
-fault = rep(f"ray-{last}-E-fault")
-fault["timeline"] = fault["runs"][0]["timeline"]
-print(f"\nFault run, ray-{last}: {fault['offered_rps']:.0f} calls/s offered on E (50% of Ray's capacity), the replica "
-      f"SIGKILLed {kill_at} s after its first call; calls {fault['requests']}, by code {fault['by_code']}\n")
-for code, msg in fault.get("error_examples", {}).items():
-    print(f"- `{code}`: {msg[:160]}")
-print("\n| t s | sent | ok | failed | p50 ms | p99 ms |\n|---:|---:|---:|---:|---:|---:|")
-for t in fault["timeline"]:
-    print(f"| {t['t']:.0f} | {t['sent']} | {t['ok']} | {t['failed']} | {ms(t['p50'])} | {ms(t['p99'])} |")
+if (r / f"ray-{last}-E-fault").exists():  # not with SKIP_FAULT=1
+    fault = rep(f"ray-{last}-E-fault")
+    print(f"\nFault run, ray-{last}: {fault['offered_rps']:.0f} calls/s offered on E (50% of Ray's capacity), "
+          f"the replica SIGKILLed {kill_at} s after its first call; calls {fault['requests']}, by code "
+          f"{fault['by_code']}\n")
+    for code, msg in fault.get("error_examples", {}).items():
+        print(f"- `{code}`: {msg[:160]}")
+    print("\n| t s | sent | ok | failed | p50 ms | p99 ms |\n|---:|---:|---:|---:|---:|---:|")
+    for t in fault["runs"][0]["timeline"]:
+        print(f"| {t['t']:.0f} | {t['sent']} | {t['ok']} | {t['failed']} | {ms(t['p50'])} | {ms(t['p99'])} |")
 print(f"\n| HTTP through ray-{last} | calls | by code | p50 / p99 ms |\n|---|---:|---|---:|")
 for api in ("cohere", "jina", "tei"):
     h = rep(f"ray-{last}-http-{api}")
