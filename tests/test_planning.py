@@ -1,6 +1,10 @@
 """Planner metadata on the article's worked example, invariants, and every scheme's attention
 rows against the naive oracle on random shapes (torch reference backend)."""
 
+import dataclasses
+from itertools import chain
+
+import numpy as np
 import pytest
 import torch
 from hypothesis import example, given
@@ -9,8 +13,8 @@ from replay import replay_attention
 
 from scorer.attention.base import HeadSpec
 from scorer.attention.torch_ref import TorchBackend, request_mask
-from scorer.planning import REGISTRY, PlanError, Shape, check_plan, combine, get
-from scorer.planning.base import MultiItem, multi_item_meta
+from scorer.planning import REGISTRY, PlanError, Shape, base, check_plan, combine, get
+from scorer.planning.base import ItemLoc, MultiItem, call, multi_item_meta, with_score_rows
 from scorer.planning.packbits import multi_item_mask, pack_segments, unpack_segment
 from scorer.planning.split import chunk_items, split_to_budget
 
@@ -350,3 +354,69 @@ def test_fa2_on_hopper_only_for_large_calls_whose_queries_see_few_keys():
     assert choose_kernel(batch, "fa3", True) == "fa3" and choose_kernel(long, "fa2", True) == "fa2"
     masked = one_call("custom_mask", [Shape(2000, (4,) * 2)])
     assert choose_kernel(masked, "auto", True) == choose_kernel(masked, "fa3", True) == "fa2"
+
+
+def _shared_prefix_reference(shapes, group_size):
+    """The ragged / multi-item / grouped layout written as a plain loop over items (what
+    ``_shared_prefix_groups`` vectorises): rows are the logical tokens in order."""
+    items, q_lens, kv, mi_prefix, mi_items, base = [], [], [], [], [], 0
+    for s in shapes:
+        starts = [base + s.prefix_len + sum(s.item_lens[:i]) for i in range(len(s.item_lens))]
+        items.append(tuple(ItemLoc(0, st, n) for st, n in zip(starts, s.item_lens, strict=True)))
+        size = group_size or len(starts)
+        for g in range(0, len(starts), size):
+            lens = s.item_lens[g : g + size]
+            q_lens.append(sum(lens) + (s.prefix_len if g == 0 else 0))
+            own = torch.arange(starts[g], starts[g] + sum(lens))
+            kv.append(torch.cat([torch.arange(base, base + s.prefix_len), own]))
+            mi_prefix.append(s.prefix_len)
+            mi_items.append(list(lens))
+        base += s.num_tokens
+    meta = multi_item_meta(mi_prefix, mi_items) if group_size != 1 else None
+    return call(0, q_lens, kv, causal=True, multi_item=meta), tuple(items), base
+
+
+def _same_tensors(a, b):
+    """Equal dataclasses of tensors: same values and dtypes, field by field."""
+    for f in dataclasses.fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(x, torch.Tensor):
+            assert x.dtype == y.dtype and torch.equal(x, y), f.name
+        elif dataclasses.is_dataclass(x):
+            _same_tensors(x, y)
+        else:
+            assert x == y, f.name
+
+
+@given(
+    shapes=st.lists(
+        st.builds(Shape, st.integers(0, 300), shape_st.map(lambda s: s.item_lens)), min_size=1, max_size=6
+    ),
+    scheme=st.sampled_from(["ragged", "multi_item", "grouped:1", "grouped:3", "grouped:8"]),
+)
+def test_shared_prefix_layout_equals_a_per_item_loop(shapes, scheme):
+    name, _, g = scheme.partition(":")
+    group_size = {"ragged": 1, "multi_item": None}.get(name, int(g or 0))
+    plan = _plan(scheme, shapes)
+    expected, items, total = _shared_prefix_reference(shapes, group_size)
+    (p,) = plan.passes
+    (c,) = p.calls
+    _same_tensors(c, expected)
+    assert plan.items == items and all(type(loc) is ItemLoc for locs in plan.items for loc in locs)
+    assert p.logical.dtype == torch.int64 and torch.equal(p.logical, torch.arange(total))
+    assert p.slot_offset == 0 and plan.shapes == tuple(shapes)
+    (rows,) = with_score_rows(plan, range(len(shapes))).score_rows
+    assert rows.dtype == torch.int64 and ints(rows) == [loc.row + loc.length - 1 for loc in chain(*items)]
+
+
+@pytest.mark.parametrize("cap", [4, 1 << 21])
+def test_np_ranges_int32_is_the_int64_ranges_cast(monkeypatch, cap):
+    monkeypatch.setattr(base, "_IOTA_CAP", cap)
+    monkeypatch.setattr(base, "_IOTA", np.zeros(0, dtype=np.int32))
+    starts, lengths = np.array([5, 0, 3, 100], dtype=np.int64), np.array([3, 0, 4, 2], dtype=np.int64)
+    expected = np.concatenate([np.arange(s, s + n) for s, n in zip(starts, lengths, strict=True)])
+    for _ in range(2):  # the buffer grown, then reused
+        assert np.array_equal(base.np_ranges(starts, lengths), expected)
+        got = base.np_ranges(starts, lengths, np.int32)
+        assert got.dtype == np.int32 and np.array_equal(got, expected)
+    assert not base.iota(3).flags.writeable  # shared between plans: nobody writes it

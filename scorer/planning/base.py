@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from itertools import chain, repeat
+from operator import attrgetter
 from typing import NamedTuple
 
 import numpy as np
@@ -125,7 +127,7 @@ class Pass:
 
     @property
     def num_rows(self) -> int:
-        return len(self.logical)
+        return self.logical.shape[0]
 
     def merge_groups(self) -> list[list[int]]:
         """Indices of calls grouped by identical row range; a group of several is LSE-merged."""
@@ -186,8 +188,8 @@ class Plan:
 def with_score_rows(plan: Plan, requests: Sequence[int]) -> Plan:
     """``plan`` with its read-out: the score rows of each pass and the item order."""
     if len(plan.passes) == 1:  # every item in pass 0: its score rows, in plan order
-        rows = [loc.row + loc.length - 1 for locs in plan.items for loc in locs]
-        score_rows = (torch.tensor(rows, dtype=torch.long),)
+        locs = np.fromiter(chain.from_iterable(chain.from_iterable(plan.items)), np.int64, 3 * plan.num_items)
+        score_rows = (torch.from_numpy(locs[1::3] + locs[2::3] - 1),)  # row + length - 1
         return replace(plan, requests=tuple(requests), score_rows=score_rows, item_order=None)
     per_pass: list[list[int]] = [[] for _ in plan.passes]
     gathered: list[tuple[int, int]] = []  # (pass, index within its pass's score rows), plan order
@@ -205,6 +207,12 @@ def with_score_rows(plan: Plan, requests: Sequence[int]) -> Plan:
         score_rows=tuple(torch.tensor(r, dtype=torch.long) for r in per_pass),
         item_order=None if identity else torch.tensor(order, dtype=torch.long),
     )
+
+
+def item_locs(pass_idx: int, rows: Sequence[int], lengths: Sequence[int]) -> list[ItemLoc]:
+    """``[ItemLoc(pass_idx, r, n) for r, n in zip(rows, lengths)]`` without a Python call per
+    item (a NamedTuple's constructor is a Python function; ``tuple.__new__`` is what it calls)."""
+    return list(map(tuple.__new__, repeat(ItemLoc), zip(repeat(pass_idx), rows, lengths)))
 
 
 def logical_bases(shapes: Sequence[Shape]) -> list[int]:
@@ -265,13 +273,31 @@ def ranges(starts: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     return torch.arange(int(ends[-1]) if len(ends) else 0, dtype=torch.int64) + offset
 
 
-def np_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+def np_ranges(starts: np.ndarray, lengths: np.ndarray, dtype=np.int64) -> np.ndarray:
     """``ranges`` in numpy: the planners' hot paths, where torch's per-op cost on small CPU
-    tensors (microseconds each) is most of the work."""
+    tensors (microseconds each) is most of the work. ``dtype`` int32 gives the int64 result cast
+    to int32 (both wrap alike) at half the memory traffic: K/V indices, tens of thousands."""
     ends = np.cumsum(lengths)
-    return np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64) + np.repeat(
-        starts - (ends - lengths), lengths
-    )
+    out = np.repeat((starts - (ends - lengths)).astype(dtype), lengths)
+    out += iota(len(out))
+    return out
+
+
+_IOTA = np.zeros(0, dtype=np.int32)
+_IOTA_CAP = 1 << 21  # 8 MiB kept at most
+
+
+def iota(n: int) -> np.ndarray:
+    """``np.arange(n)`` (int32, read-only), sliced from a buffer kept between plans up to
+    ``_IOTA_CAP`` values: ``np.arange`` fills at about 0.2 ns a value, a third of ``np_ranges``."""
+    global _IOTA
+    if n > len(_IOTA):
+        if n > _IOTA_CAP:
+            return np.arange(n, dtype=np.int32)
+        grown = np.arange(min(max(n, 2 * len(_IOTA)), _IOTA_CAP), dtype=np.int32)
+        grown.flags.writeable = False
+        _IOTA = grown
+    return _IOTA[:n]
 
 
 def np_i32(a: np.ndarray) -> torch.Tensor:
@@ -323,7 +349,7 @@ def check_plan(plan: Plan, max_custom_mask_tokens: int) -> None:
             covered = max(covered, e0)
         if covered < p.num_rows:
             raise PlanError(f"pass {k}: rows without an attention call")
-    if max((loc.length for locs in plan.items for loc in locs), default=0) > MAX_ITEM_LEN:
+    if max(map(attrgetter("length"), chain.from_iterable(plan.items)), default=0) > MAX_ITEM_LEN:
         r, longest = max(
             enumerate(max((loc.length for loc in locs), default=0) for locs in plan.items), key=lambda x: x[1]
         )
@@ -333,8 +359,9 @@ def check_plan(plan: Plan, max_custom_mask_tokens: int) -> None:
 
 
 def _check_call(c: AttentionCall, visible_slots: int, mask_cap: int, where: str) -> None:
-    qo, kvp, kv = c.qo_indptr.numpy(), c.kv_indptr.numpy(), c.kv_indices.numpy()  # numpy: thousands
-    q_lens, kv_lens = np.diff(qo).astype(np.int64), np.diff(kvp).astype(np.int64)
+    qo, kvp = c.qo_indptr.numpy().astype(np.int64), c.kv_indptr.numpy().astype(np.int64)  # numpy: thousands
+    kv = c.kv_indices.numpy()
+    q_lens, kv_lens = qo[1:] - qo[:-1], kvp[1:] - kvp[:-1]
     if int(qo[-1]) != c.q_end - c.q_start or int(kvp[-1]) != len(kv):
         raise PlanError(f"{where}: indptr does not match rows or kv_indices")
     if len(q_lens) and (q_lens.min() < 0 or kv_lens.min() < 1):

@@ -27,10 +27,10 @@ from .base import (
     Shape,
     arange,
     call,
+    item_locs,
     item_offsets,
     logical_bases,
     multi_item_meta,
-    np_i32,
     np_indptr,
     np_ranges,
 )
@@ -258,31 +258,35 @@ def _shared_prefix_groups(shapes: Sequence[Shape], group_size: int | None) -> Pl
     its own items' (laid out in numpy, without a Python step per item but the ``ItemLoc``: a
     batch holds thousands).
     """
-    counts = np.array([len(s.item_lens) for s in shapes], dtype=np.int64)
-    lens = np.fromiter(chain.from_iterable(s.item_lens for s in shapes), np.int64, int(counts.sum()))
+    counts = [len(s.item_lens) for s in shapes]
+    lens = np.fromiter(chain.from_iterable([s.item_lens for s in shapes]), np.int64, sum(counts))
     prefix = np.array([s.prefix_len for s in shapes], dtype=np.int64)
-    first_item = np.cumsum(counts) - counts  # each prompt's first item, in the flat item order
-    csum = np.cumsum(lens) - lens  # tokens of the items before each, over the whole batch
+    first = np.cumsum([0, *counts])  # each prompt's first item in the flat item order, and the end
+    before = np.zeros(len(lens) + 1, dtype=np.int64)  # tokens of the items before each, batch-wide
+    np.cumsum(lens, out=before[1:])
     owner = np.repeat(np.arange(len(shapes)), counts)
-    sums = np.bincount(owner, weights=lens, minlength=len(shapes)).astype(np.int64)
-    base = np.cumsum(prefix + sums) - (prefix + sums)  # each prompt's first row
-    index = np.arange(len(lens)) - first_item[owner]  # an item's place in its prompt
-    starts = base[owner] + prefix[owner] + csum - csum[first_item][owner]
-    size = group_size or counts[owner]
-    heads = np.flatnonzero(index % size == 0)  # each group's first item
-    own = np.add.reduceat(lens, heads) if len(heads) else lens[:0]
-    g = owner[heads]
-    lead = index[heads] == 0
-    q_lens = own + prefix[g] * lead
-    kv = np_ranges(np.stack([base[g], starts[heads]], 1).ravel(), np.stack([prefix[g], own], 1).ravel())
+    ends = np.cumsum(prefix)  # the prefixes up to each prompt's, and items before: an item's row
+    starts = ends[owner] + before[:-1]
+    base = ends - prefix + before[first[:-1]]  # each prompt's first row
+    index = np.arange(len(lens)) - first[owner]  # an item's place in its prompt
+    lead = index == 0
+    if group_size == 1:  # ragged: every item is a request
+        heads, own, g = slice(None), lens, owner
+    else:
+        heads = np.flatnonzero(index % group_size == 0 if group_size else lead)  # each group's first item
+        own, g = np.add.reduceat(lens, heads) if len(heads) else lens[:0], owner[heads]
+    q_lens = own + prefix[g] * lead[heads]
+    kv_starts, kv_lens = np.empty((2, len(own), 2), dtype=np.int64)  # per group: its prompt's run, its items'
+    kv_starts[:, 0], kv_starts[:, 1], kv_lens[:, 0], kv_lens[:, 1] = base[g], starts[heads], prefix[g], own
+    kv = np_ranges(kv_starts.ravel(), kv_lens.ravel(), np.int32)
     meta = None
     if group_size != 1:
         meta = multi_item_meta(prefix[g].tolist(), [x.tolist() for x in np.split(lens, heads[1:])])
-    flat = [ItemLoc(0, st, n) for st, n in zip(starts.tolist(), lens.tolist(), strict=True)]
-    ends = np.cumsum(counts).tolist()
-    items = tuple(tuple(flat[a:b]) for a, b in zip([0, *ends[:-1]], ends, strict=True))
-    total = int(prefix.sum() + lens.sum())
-    c = AttentionCall(0, total, np_indptr(q_lens), np_indptr(prefix[g] + own), np_i32(kv), True, meta)
+    flat, cuts = item_locs(0, starts.tolist(), lens.tolist()), first.tolist()
+    items = tuple(tuple(flat[a:b]) for a, b in zip(cuts, cuts[1:], strict=False))
+    total = int(ends[-1] + before[-1]) if len(shapes) else 0
+    kv_indptr = np_indptr(prefix[g] + own)
+    c = AttentionCall(0, total, np_indptr(q_lens), kv_indptr, torch.from_numpy(kv), True, meta)
     return Plan((Pass(torch.arange(total, dtype=torch.int64), 0, (c,)),), items, tuple(shapes))
 
 
