@@ -169,7 +169,10 @@ class Engine(Tokenizing):
         tokens of each job read from the prefix cache, left out of the plan (see ``on_pool``)."""
         c = self.config
         cached = cached or [0] * len(jobs)
-        shapes = [Shape(j.shape.prefix_len - n, j.shape.item_lens) for j, n in zip(jobs, cached, strict=True)]
+        shapes = [
+            j.shape if not (n or j.shape.cached) else Shape(j.shape.prefix_len - n, j.shape.item_lens)
+            for j, n in zip(jobs, cached, strict=True)
+        ]
         return plan_batch(
             [(s, j.scheme, j.group_size) for s, j in zip(shapes, jobs, strict=True)],
             c.max_tokens_per_pass,
