@@ -16,7 +16,11 @@ port. See docs/ray.md.
 # No ``from __future__ import annotations``: Ray validates builder args by the annotation's class.
 
 import asyncio
+import contextlib
 import logging
+import os
+import signal
+from pathlib import Path
 from wsgiref.simple_server import WSGIServer
 
 import grpc
@@ -43,10 +47,42 @@ GRPC_SERVICER_FUNCTIONS = [
     "grpc_health.v1.health_pb2_grpc.add_HealthServicer_to_server",
 ]
 HEALTHY_SERVICES = ("", SCORER_SERVICE)
-RAY_ENV = {"RAY_SERVE_PROXY_USE_GRPC": "1"}
+RAY_ENV = {
+    "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+    "RAY_SERVE_ENABLE_HA_PROXY": "1",
+    "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "1",
+    "RAY_SERVE_PROXY_USE_GRPC": "1",
+}
 """Ray's switches for the processes of a Ray that serves the scorer (set before Ray starts: each
-Ray process inherits them): Serve's proxies call the replicas over gRPC instead of Ray's actor
-calls, 2-3 ms less a call and about a fifth more calls/s through the proxy (docs/ray.md)."""
+Ray process inherits them; docs/ray.md, Ray's cost). Ray's HAProxy ingress on each node's gRPC
+and HTTP ports, in front of each replica's own gRPC and HTTP servers (direct ingress), with the
+rest of ``RAY_SERVE_THROUGHPUT_OPTIMIZED``'s switches: on the H200 a lone call's median through
+it equals ``scorer serve``'s, where Serve's Python proxy added 6.5 ms. Ray's router stays in a
+loop of its own (the optimized default runs it in the caller's loop, which breaks a handle called
+from outside an event loop; the request path does not use it). Serve's proxies, which still
+answer ``ListApplications`` behind HAProxy, call the replicas over gRPC."""
+
+HAPROXY_PORT_VARS = ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT")
+"""HAProxy's stats and metrics ports (Ray's defaults: 8404, 9101, on every interface): a second Ray
+on one host needs others."""
+
+
+def stop_haproxy(node_id: str) -> list[int]:
+    """Stop the HAProxy processes of the Ray node ``node_id`` and return their pids: Serve's shutdown
+    kills the actor that runs HAProxy without stopping HAProxy, which would hold the node's ports
+    (Ray 2.60). They are known by their configuration file, which lives under the node's id."""
+    mark = f"/{node_id}/".encode()
+    stopped = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # not a process, or gone
+            continue
+        if argv[0].endswith(b"/haproxy") and any(mark in a for a in argv):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(proc.name), signal.SIGTERM)
+                stopped.append(int(proc.name))
+    return stopped
 
 
 def grpc_options(port: int = 9000, request_timeout_s: float | None = None) -> gRPCOptions:

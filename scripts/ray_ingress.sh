@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Ray's per-call cost by ingress, in one run: `scorer serve`, then one Ray Serve replica through
-# Serve's gRPC proxy (scorer.ray_serve.RAY_ENV), then with each of INGRESS's Ray switches
-# (default: direct ingress, where the replica listens on 9000 itself and no proxy runs). The
-# load tool, closed loop: one call at a time (p50) and CONCURRENCY at a time (calls/s).
+# the deployed ingress (scorer.ray_serve.RAY_ENV: HAProxy in front of the replica's own server),
+# then with each of INGRESS's Ray switches (space-separated configurations, each VAR=VALUE[,VAR=VALUE];
+# default: Serve's Python gRPC proxy, the default before session 11). The load tool, closed loop: one call at a time (p50) and CONCURRENCY at a time (calls/s).
 #   bash scripts/ray_ingress.sh               (this machine: the toy model on the CPU, ~3 min)
 #   REQUESTS=/tmp/A.jsonl SERVE_ARGS="--model DIR" RAY_ARGS="--num-gpus 1 model=DIR" bash scripts/ray_ingress.sh
 #   -> OUT (default out/ray_ingress)/ray_ingress.md and each load-tool report
 set -euo pipefail
 PY="${PY:-.venv/bin/python}"
 OUT="${OUT:-out}/ray_ingress"
-INGRESS="${INGRESS:-RAY_SERVE_ENABLE_DIRECT_INGRESS=1}"
+INGRESS="${INGRESS:-RAY_SERVE_ENABLE_HA_PROXY=0,RAY_SERVE_THROUGHPUT_OPTIMIZED=0}"
 CONCURRENCY="${CONCURRENCY:-16}"
 DURATION="${DURATION:-8}"
 REQUESTS="${REQUESTS:-$OUT/requests.jsonl}"
@@ -44,10 +44,10 @@ wait_for "SERVING" "$OUT/serve.log"
 load serve 127.0.0.1:50051
 kill -TERM "$pid" && wait "$pid" || true
 pid=
-configs=("proxy" $INGRESS)
+configs=("default" $INGRESS)
 for cfg in "${configs[@]}"; do
   env=()
-  [ "$cfg" = proxy ] || env=("$cfg")
+  [ "$cfg" = default ] || IFS=, read -r -a env <<<"$cfg"
   # shellcheck disable=SC2086
   env "${env[@]}" "$PY" -m scorer.ray_local --quiet ${RAY_ARGS:-} >"$OUT/ray-$cfg.log" 2>&1 &
   pid=$!

@@ -24,15 +24,16 @@ from ray import serve
 from ray.serve.generated import serve_pb2, serve_pb2_grpc
 
 from scorer.models.tiny import ensure_tiny_model
-from scorer.ray_serve import RAY_ENV, ScorerArgs, build_app, grpc_options
+from scorer.ray_serve import HAPROXY_PORT_VARS, RAY_ENV, ScorerArgs, build_app, grpc_options, stop_haproxy
 from scorer.v1 import scorer_pb2 as pb
 from scorer.v1 import scorer_pb2_grpc
 
 APP = "scorer"
-DIED = re.compile(r"The actor (died unexpectedly|\w+ is unavailable)")
-"""The details of Ray's proxy's INTERNAL for a call that was on a replica when its process died: "is
-unavailable" when the proxy calls replicas over gRPC (``RAY_ENV``), "died unexpectedly" over Ray's
-actor calls (docs/ray.md, Faults)."""
+DIED_CODE = grpc.StatusCode.UNAVAILABLE
+DIED = re.compile(r"Stream removed")
+"""The code and details of a call that was on a replica when its process died, through Ray's
+HAProxy (``RAY_ENV``): its HTTP/2 stream reset. Serve's Python proxy answered INTERNAL, "The actor
+... is unavailable" or "died unexpectedly", instead (docs/ray.md, Faults)."""
 
 
 def scrape(url: str, name: str, **labels: str) -> float:
@@ -69,6 +70,16 @@ class RayApp:
     metrics_url: str  # the replica's /metrics
 
 
+DIRECT_INGRESS_PORTS = {
+    "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": 32000,
+    "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": 33000,
+    "RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT": 42000,
+    "RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT": 43000,
+}
+"""The replicas' own HTTP and gRPC ports (direct ingress) of the tests' Ray: not Ray's defaults
+(30000-31000, 40000-41000), which another Ray on this host (``make deploy-local``'s test) uses."""
+
+
 def start(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayApp]:
     """The ``ray_app`` session fixture of tests/conftest.py (Ray is imported only by its users)."""
     model_dir = ensure_tiny_model(tmp_path_factory.mktemp("ray-scorer-cache"))
@@ -78,7 +89,17 @@ def start(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayApp]:
         env.setenv("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
         for key, value in RAY_ENV.items():  # as deployed
             env.setenv(key, value)
+        # a replica of direct ingress drains 30 s at least before it stops (for load balancers of
+        # other hosts); HAProxy here learns at once
+        env.setenv("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "2")
+        for key in HAPROXY_PORT_VARS:  # not HAProxy's defaults: make deploy-local's test runs beside
+            env.setenv(key, str(free_port()))
+        # nor the replicas' default port ranges: gRPC servers bind with SO_REUSEPORT, so a replica of
+        # that other Ray would share this one's port and take its calls
+        for key, port in DIRECT_INGRESS_PORTS.items():
+            env.setenv(key, str(port))
         ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    node = ray.get_runtime_context().get_node_id()
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
     try:
         serve.start(
@@ -100,6 +121,7 @@ def start(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayApp]:
     finally:
         serve.shutdown()
         ray.shutdown()
+        stop_haproxy(node)
 
 
 def _wait_for_routes(app: RayApp, timeout_s: float = 30.0) -> None:

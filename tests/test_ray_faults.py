@@ -22,7 +22,7 @@ from pathlib import Path
 import grpc
 import pytest
 from ray import serve
-from ray_app import APP, DIED, Load, RayApp, free_port, replica_pids, scrape, wait_for_applications
+from ray_app import APP, DIED, DIED_CODE, Load, RayApp, free_port, replica_pids, scrape, wait_for_applications
 
 from scorer.ray_serve import ScorerArgs, ScorerDeployment
 from scorer.runtime import build_engine
@@ -132,8 +132,8 @@ RECOVERED_S = 5.0  # the load runs this long after the new replica's first answe
 
 def test_a_replica_killed_under_load_fails_its_calls_in_time_and_serves_again(slow_app):
     """SIGKILL to the replica's process while ~10 calls are on it and more arrive: every call ends
-    by its deadline; those on the replica fail with INTERNAL from Ray's proxy (the actor died),
-    those sent meanwhile wait in Ray's router for a replica (DEADLINE_EXCEEDED at the client's
+    by its deadline; those on the replica fail with UNAVAILABLE from Ray's HAProxy (their streams
+    reset), those sent meanwhile wait in HAProxy for a replica (DEADLINE_EXCEEDED at the client's
     deadline if none comes in time); Serve starts a new replica and the calls then succeed."""
     (pid,) = replica_pids(SLOW)
     engines = engine_pids(pid)
@@ -151,11 +151,11 @@ def test_a_replica_killed_under_load_fails_its_calls_in_time_and_serves_again(sl
     assert max(c.ended - c.sent for c in calls) < DEADLINE_S + 0.5  # nothing hung past its deadline
     failed = {c.code for c in calls if c.code != grpc.StatusCode.OK}
     assert failed <= {
-        grpc.StatusCode.INTERNAL,  # on the replica when it died
+        DIED_CODE,  # on the replica when it died
         grpc.StatusCode.DEADLINE_EXCEEDED,  # waiting for a replica
         grpc.StatusCode.RESOURCE_EXHAUSTED,  # refused by the replica's admission (its queue ahead)
     }, failed
-    died = [c for c in calls if c.code == grpc.StatusCode.INTERNAL]
+    died = [c for c in calls if c.code == DIED_CODE]
     assert died and all(DIED.match(c.future.details()) for c in died), {c.future.details() for c in died}
     assert all(c.sent < killed for c in died)
     (new_pid,) = replica_pids(SLOW)

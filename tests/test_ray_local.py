@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -66,7 +67,7 @@ def test_deploy_local_answers_a_call_and_stops_cleanly_on_ctrl_c(tmp_path):
         assert f"gRPC 127.0.0.1:{grpc_port} " in line
         assert f"replica metrics http://127.0.0.1:{metrics_port}/metrics" in line
         session_dir = re.search(r"Ray session (\S+),", line).group(1)
-        assert "RAY_SERVE_PROXY_USE_GRPC=1" in line  # scorer.ray_serve.RAY_ENV
+        assert "RAY_SERVE_ENABLE_HA_PROXY=1" in line  # scorer.ray_serve.RAY_ENV
 
         client = [sys.executable, "examples/client.py", "--target", f"127.0.0.1:{grpc_port}"]
         answer = subprocess.run(client, cwd=REPO, capture_output=True, text=True, timeout=60)
@@ -87,3 +88,6 @@ def test_deploy_local_answers_a_call_and_stops_cleanly_on_ctrl_c(tmp_path):
     while _session_processes(session_dir) and time.monotonic() < give_up:
         time.sleep(0.2)
     assert not _session_processes(session_dir)
+    with socket.socket() as s:  # Ray's HAProxy is gone with it, its ports free
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", grpc_port))

@@ -29,6 +29,7 @@ from ray import serve
 from ray_app import (
     APP,
     DIED,
+    DIED_CODE,
     Load,
     RayApp,
     Sent,
@@ -194,11 +195,11 @@ def test_one_replica_killed_under_load_the_other_serves_and_serve_brings_it_back
     assert max(c.ended - c.sent for c in calls) < DEADLINE_S + 0.5  # nothing hung past its deadline
     failed = [c for c in calls if c.code != grpc.StatusCode.OK]
     assert {c.code for c in failed} <= {
-        grpc.StatusCode.INTERNAL,  # on the victim when it died
+        DIED_CODE,  # on the victim when it died
         grpc.StatusCode.DEADLINE_EXCEEDED,
         grpc.StatusCode.RESOURCE_EXHAUSTED,
     }, {(c.code, c.future.details()) for c in failed}
-    died = [c for c in failed if c.code == grpc.StatusCode.INTERNAL]
+    died = [c for c in failed if c.code == DIED_CODE]
     assert died and all(DIED.match(c.future.details()) for c in died), {c.future.details() for c in died}
     assert all(c.sent < killed for c in died)
     _assert_scores(pair, calls)
@@ -217,7 +218,7 @@ def test_one_replica_killed_under_load_the_other_serves_and_serve_brings_it_back
     assert all(n > 0 for n in back.values()), back  # both serve again
     slowest = max(c.ended - c.sent for c in outage)
     print(
-        f"\n{len(calls)} calls; {len(died)} INTERNAL, sent before the kill, ended by "
+        f"\n{len(calls)} calls; {len(died)} {DIED_CODE.name}, sent before the kill, ended by "
         f"{max(c.ended for c in died) - killed:+.3f} s from it ({died[0].future.details()!r}); "
         f"{len(failed) - len(died)} other failures; the new replica answered {recovered - killed:.1f} s "
         f"after the kill (metrics port {new_port}; the victim's {victim_port}); in between the survivor "

@@ -5,10 +5,10 @@
 #   1. capacity sweeps (open loop, rates x1.08 apart, STEP s each) and p50/p99 at 10% of
 #      `scorer serve`'s capacity, workloads A (300-token prompt + 10 x 50-token docs, token ids)
 #      and E (200 + 20 x 60), first `scorer serve`, then Ray in each configuration:
-#        proxy    Serve's gRPC proxy (scorer.ray_serve.RAY_ENV: it calls the replica over gRPC)
-#        haproxy  Ray's HAProxy ingress in front of the replica's own gRPC server (direct
-#                 ingress), RAY_SERVE_THROUGHPUT_OPTIMIZED's switches (the router kept in its own
-#                 loop, which a handle outside an event loop needs: ray_local's driver)
+#        proxy    Serve's Python gRPC proxy, calling the replica over gRPC (the default before
+#                 session 11)
+#        haproxy  scorer.ray_serve.RAY_ENV: Ray's HAProxy ingress in front of the replica's own
+#                 gRPC server (direct ingress), RAY_SERVE_THROUGHPUT_OPTIMIZED's switches
 #   2. the fault run, on the last configuration: Ray at 50% of its capacity on E, the replica's
 #      process SIGKILLed after KILL_AT s; the load tool's per-second timeline shows the dip and
 #      the recovery;
@@ -41,10 +41,10 @@ CKPT="${CKPT:-/tmp/ckpt/qwen3-0.6b-random}"
 RATES_A="${RATES_A:-400:640}"  # first:last calls/s of the sweep (scorer serve: ~590 and ~330 in session 10)
 RATES_E="${RATES_E:-200:380}"
 CONFIGS="${CONFIGS:-proxy haproxy}"
-config_env() {  # CONFIG: its Ray switches, VAR=VALUE ... (beside scorer.ray_serve.RAY_ENV)
+config_env() {  # CONFIG: its Ray switches, VAR=VALUE ... (over scorer.ray_serve.RAY_ENV, which ray_local sets)
   case "$1" in
-    proxy) ;;
-    haproxy) echo RAY_SERVE_THROUGHPUT_OPTIMIZED=1 RAY_SERVE_ENABLE_HA_PROXY=1 RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP=1 ;;
+    proxy) echo RAY_SERVE_ENABLE_HA_PROXY=0 RAY_SERVE_THROUGHPUT_OPTIMIZED=0 ;;
+    haproxy) ;;
     *) echo "unknown Ray configuration $1" >&2; exit 1 ;;
   esac
 }
