@@ -75,8 +75,6 @@ def main(argv: list[str] | None = None) -> int:
     for key, value in {**RAY_ENV, **LOCAL_ENV}.items():  # before Ray starts: its processes inherit them
         os.environ.setdefault(key, value)
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
     context = ray.init(
         address="local",
         num_cpus=ns.num_cpus,
@@ -85,6 +83,10 @@ def main(argv: list[str] | None = None) -> int:
         log_to_driver=not ns.quiet,
         _metrics_export_port=ns.ray_metrics_port,
     )
+    # after ray.init, which installs its own SIGTERM handler (log and die: Serve, its HAProxy and
+    # Ray's processes left running)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
     try:
         serve.start(
             http_options={"host": ns.host, "port": ns.http_port}, grpc_options=grpc_options(ns.grpc_port)

@@ -20,6 +20,7 @@ import contextlib
 import logging
 import os
 import signal
+import sys
 from pathlib import Path
 from wsgiref.simple_server import WSGIServer
 
@@ -264,12 +265,15 @@ def _serve_metrics(args: Settings, multiprocess_dir: str | None = None) -> tuple
 
 
 def _configure_logging(level: str) -> None:
-    """The scorer's loggers write the standalone server's lines (with request ids) to stderr, which
-    Ray keeps in the replica worker's logs/worker-*.err and streams to the driver."""
+    """The scorer's loggers write the standalone server's lines (with request ids) to the process's
+    own stderr, which Ray keeps in the replica worker's logs/worker-*.err and streams to the driver.
+    Not to ``sys.stderr``: in a replica that is Serve's ``StreamToLogger``, which walks the caller's
+    stack (``traceback.extract_stack``, a stat of every file in it) for each line written; that was
+    39% of a replica's request path on the CPU (py-spy, docs/ray.md)."""
     logger = logging.getLogger("scorer")
     if any(isinstance(f, RequestIdFilter) for h in logger.handlers for f in h.filters):
         return
-    handler = logging.StreamHandler()
+    handler = logging.StreamHandler(sys.__stderr__ or sys.stderr)
     handler.addFilter(RequestIdFilter())
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
     logger.addHandler(handler)

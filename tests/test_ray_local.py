@@ -38,7 +38,8 @@ def _session_processes(session_dir: str) -> list[int]:
     return pids
 
 
-def test_deploy_local_answers_a_call_and_stops_cleanly_on_ctrl_c(tmp_path):
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_deploy_local_answers_a_call_and_stops_cleanly_on_ctrl_c(tmp_path, stop_signal):
     ensure_tiny_model(tmp_path)
     grpc_port, http_port, metrics_port, ray_metrics_port = (free_port() for _ in range(4))
     cmd = [
@@ -76,7 +77,10 @@ def test_deploy_local_answers_a_call_and_stops_cleanly_on_ctrl_c(tmp_path):
             assert 'scorer_requests_total{api="grpc",code="OK"' in r.read().decode()
         assert _session_processes(session_dir)
 
-        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+        if stop_signal == signal.SIGINT:
+            os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+        else:
+            proc.send_signal(signal.SIGTERM)  # what a supervisor sends the process
         assert proc.wait(STOP_S) == 0, "".join(lines[-30:])
     finally:
         if proc.poll() is None:

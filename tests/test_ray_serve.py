@@ -3,6 +3,7 @@ real stub, scores as the engine alone, bad input as INVALID_ARGUMENT, the scorer
 
 from __future__ import annotations
 
+import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -99,6 +100,21 @@ def test_scores_through_the_ray_grpc_proxy_equal_the_engine_alone(ray_scorer, en
         assert [r.id for r in reply.results] == [doc_id for doc_id, _ in DOCS]
         assert [r.score for r in reply.results] == pytest.approx(_solo(engine, scheme), abs=TOLERANCE)
         assert ("x-request-id", f"ray-{scheme}") in tuple(call.trailing_metadata())
+
+
+def test_each_call_logs_its_line_to_the_replica_workers_stderr_file(ray_scorer):
+    """The standalone server's line per call, with its request id and real code, lands in the
+    replica worker's logs/worker-*.err, written to the process's stderr itself (not through Serve's
+    stderr-to-logger wrapper, which walks the stack for every line: docs/ray.md)."""
+    import ray
+
+    ray_scorer.stub().ScoreDocs(_request("ragged", "ray-log-line"), metadata=(("application", APP),), timeout=30)
+    logs = Path(ray._private.worker.global_worker.node.get_logs_dir_path())
+    line = "request_id=ray-log-line /scorer.v1.Scorer/ScoreDocs OK scheme=ragged"
+    give_up = time.monotonic() + 10  # a worker's stderr reaches its file a moment later
+    while not any(line in f.read_text(errors="replace") for f in logs.glob("worker-*.err")):
+        assert time.monotonic() < give_up, f"no {line!r} in {logs}/worker-*.err"
+        time.sleep(0.2)
 
 
 @pytest.mark.slow
