@@ -108,7 +108,8 @@ def test_each_call_logs_its_line_to_the_replica_workers_stderr_file(ray_scorer):
     stderr-to-logger wrapper, which walks the stack for every line: docs/ray.md)."""
     import ray
 
-    ray_scorer.stub().ScoreDocs(_request("ragged", "ray-log-line"), metadata=(("application", APP),), timeout=30)
+    request = _request("ragged", "ray-log-line")
+    ray_scorer.stub().ScoreDocs(request, metadata=(("application", APP),), timeout=30)
     logs = Path(ray._private.worker.global_worker.node.get_logs_dir_path())
     line = "request_id=ray-log-line /scorer.v1.Scorer/ScoreDocs OK scheme=ragged"
     give_up = time.monotonic() + 10  # a worker's stderr reaches its file a moment later
