@@ -13,7 +13,6 @@ are the application's ``ScorerArgs`` (docs/ray.md).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import signal
 import sys
@@ -47,13 +46,6 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, dict[str, str]]:
             p.error(f"{item!r} is not KEY=VALUE")
         app_args[key] = value
     return ns, app_args
-
-
-async def _metrics_ports(handle, calls: int) -> list[int]:
-    """The replicas' metrics ports, asked of ``calls`` calls spread over them; inside an event
-    loop, as a handle needs with Ray's router in the caller's loop (``RAY_SERVE_THROUGHPUT_OPTIMIZED``
-    sets ``RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP=0``)."""
-    return sorted(set(await asyncio.gather(*(handle.metrics_port.remote() for _ in range(calls)))))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
             ray_actor_options={"num_cpus": ns.replica_cpus, "num_gpus": ns.num_gpus},
         )
         handle = serve.run(deployment.bind(args.model_dump()), name=APP, route_prefix=f"/{APP}")
-        ports = asyncio.run(_metrics_ports(handle, 4 * ns.replicas))
+        # a handle called outside an event loop: RAY_ENV keeps Ray's router in a loop of its own
+        ports = sorted({handle.metrics_port.remote().result() for _ in range(4 * ns.replicas)})
         metrics = ", ".join(f"http://{ns.host}:{p}/metrics" for p in ports if p) or "off"
         switches = " ".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("RAY_SERVE_"))
         print(

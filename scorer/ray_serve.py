@@ -269,7 +269,7 @@ def _configure_logging(level: str) -> None:
     own stderr, which Ray keeps in the replica worker's logs/worker-*.err and streams to the driver.
     Not to ``sys.stderr``: in a replica that is Serve's ``StreamToLogger``, which walks the caller's
     stack (``traceback.extract_stack``, a stat of every file in it) for each line written; that was
-    39% of a replica's request path on the CPU (py-spy, docs/ray.md)."""
+    38% of a replica's request path on the CPU (py-spy, docs/ray.md)."""
     logger = logging.getLogger("scorer")
     if any(isinstance(f, RequestIdFilter) for h in logger.handlers for f in h.filters):
         return

