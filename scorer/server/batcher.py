@@ -246,7 +246,9 @@ class Batcher:
         return await queued.future
 
     def _on_done(self, job: _Queued, future: asyncio.Future) -> None:
-        if future.cancelled() and job.queued:
+        """A queued call's future ends only by cancellation (the batcher settles a call after
+        taking it from the queue): take it out and count it."""
+        if job.queued:
             self._pending.remove(job)
             job.queued = False
             metrics.QUEUE_DEPTH.set(len(self._pending))
@@ -315,6 +317,9 @@ class Batcher:
         first_deadline = float("inf")
         while self._pending:
             job = self._pending[0]
+            if job.future.done():  # cancelled, its done callback not run yet (the loop runs it later)
+                self._on_done(job, job.future)
+                continue
             reason = (
                 "deadline"
                 if job.expired(now)
@@ -332,7 +337,7 @@ class Batcher:
             job.queued = False
             if reason is not None:
                 self._count_drop(job, reason)
-                job.future.set_exception(Dropped(reason))
+                _settle(job, Dropped(reason))
                 continue
             batch.append(job)
             tokens += job.tokens

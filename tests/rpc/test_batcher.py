@@ -165,6 +165,43 @@ def test_calls_whose_deadline_passed_or_that_were_cancelled_in_the_queue_are_nev
     assert forward.batches == [["blocker"]]
 
 
+def test_a_call_cancelled_just_before_the_batch_is_cut_is_dropped_once_and_the_loop_lives_on():
+    """The client's deadline cancels a queued call (its handler's await) at about the moment the
+    server's deadline passes; the future is cancelled at once but its done callback runs a loop
+    step later, so a batch cut in between meets a done future in the queue. A CI run's batcher
+    loop died on it (InvalidStateError setting Dropped on the cancelled future) and every later
+    call waited for nothing. Each such call is counted once, and the next call is scored."""
+    from scorer import metrics
+
+    def dropped(reason: str) -> float:
+        return metrics.DROPPED.labels(reason=reason)._value.get()
+
+    forward = FakeForward(delay_s=0.2)
+
+    async def scenario():
+        batcher = Batcher(forward, BatchPolicy(max_wait_s=0))
+        batcher.start()
+        blocker = asyncio.ensure_future(batcher.submit(call(10, "blocker"), None, "blocker"))
+        await asyncio.sleep(0.05)
+        late = asyncio.ensure_future(batcher.submit(call(10, "late"), time.monotonic() + 0.02, "late"))
+        gone = asyncio.ensure_future(batcher.submit(call(10, "gone"), None, "gone"))
+        await asyncio.sleep(0.03)  # late's deadline has passed; both still queued
+        before = dropped("deadline") + dropped("cancelled")
+        late.cancel()
+        gone.cancel()
+        assert batcher._take() == []  # in the same loop step: the done callbacks have not run
+        await asyncio.sleep(0)
+        assert batcher.depth == 0
+        assert dropped("deadline") + dropped("cancelled") == before + 2
+        await blocker
+        after = await batcher.submit(call(10, "after"), None, "after")
+        assert after.batch_requests == 1
+        await batcher.close()
+
+    run(scenario)
+    assert forward.batches == [["blocker"], ["after"]]
+
+
 def test_out_of_memory_in_a_merged_batch_retries_each_call_alone():
     forward = FakeForward(oom_above=150, delay_s=0.05)
 
