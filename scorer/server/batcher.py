@@ -272,8 +272,17 @@ class Batcher:
                 await self._arrived.wait()
                 continue
             await self._slots.acquire()
-            await self._fill()
-            batch = self._take()
+            try:
+                await self._fill()
+                batch = self._take()
+            except Exception as exc:  # a fault in the policy must not stop the loop: fail the head call
+                self._slots.release()
+                log.exception("cutting a batch failed")
+                if self._pending:
+                    job = self._pending.popleft()
+                    job.queued = False
+                    _settle(job, exc)
+                continue
             try:
                 await self._launch(batch)  # gives the slot back once the batch is settled
             except Exception as exc:  # the loop must outlive any batch

@@ -202,6 +202,29 @@ def test_a_call_cancelled_just_before_the_batch_is_cut_is_dropped_once_and_the_l
     assert forward.batches == [["blocker"], ["after"]]
 
 
+def test_a_fault_while_cutting_a_batch_fails_the_call_at_the_head_and_the_loop_lives_on():
+    forward = FakeForward()
+
+    async def scenario():
+        batcher = Batcher(forward, BatchPolicy(max_wait_s=0))
+        late = batcher._late
+
+        def faulty(job, *args):
+            if job.job.request.prompt == "poison":
+                raise RuntimeError("policy fault")
+            return late(job, *args)
+
+        batcher._late = faulty
+        batcher.start()
+        with pytest.raises(RuntimeError, match="policy fault"):
+            await batcher.submit(call(10, "poison"), None, "poison")
+        assert (await batcher.submit(call(10, "after"), None, "after")).batch_requests == 1
+        await batcher.close()
+
+    run(scenario)
+    assert forward.batches == [["after"]]
+
+
 def test_out_of_memory_in_a_merged_batch_retries_each_call_alone():
     forward = FakeForward(oom_above=150, delay_s=0.05)
 
