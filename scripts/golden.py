@@ -7,16 +7,29 @@ and a token budget that splits requests into passes; fp32 on the CPU, each reque
 
 A refactor must reproduce the file bit for bit (tests/test_golden.py keeps it so); a change that
 moves the default's scores on purpose (a new tokenizer, a new checkpoint) regenerates it and says so.
+
+The same bits on every x86-64 CPU: MKL picks its GEMM kernels by the processor (an AVX-512 EPYC
+and the CI's machine differed in the last bit of a third of the log-probs), so the script runs
+MKL's conditional numerical reproducibility mode ``COMPATIBLE`` and ATen's AVX2 kernels (both read
+at start: run it as a process of its own, as the test does, not imported after torch).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import sys
 from pathlib import Path
 
-import torch
+REPRODUCIBLE_ENV = {"MKL_CBWR": "COMPATIBLE"}
+if platform.machine() in ("x86_64", "AMD64"):
+    REPRODUCIBLE_ENV["ATEN_CPU_CAPABILITY"] = "avx2"
+if __name__ == "__main__":  # not when a test reads the cases in its own process
+    os.environ.update(REPRODUCIBLE_ENV)
+
+import torch  # noqa: E402  (after the environment above)
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "data" / "golden.json"
