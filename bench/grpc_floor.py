@@ -3,8 +3,12 @@ time): a bare ScoreDocs server that answers at once, in a process of its own, an
 probe's one-call-at-a-time loop against it, with the same requests, ``--gap-ms`` after each answer.
 What it measures is both gRPC stacks and the host's wake-ups, with no scorer code in the way.
 
-    python -m bench.grpc_floor --requests /tmp/A.jsonl [--gap-ms 0,20] [--server aio|sync]
+    python -m bench.grpc_floor --requests /tmp/A.jsonl [--gap-ms 0,20] [--server aio|sync|aio-busy]
         [--client aio|sync] [--out DIR]
+
+``aio-busy``: the aio server's event loop polls its selector without sleeping for 50 ms after
+each event (``BusyPollSelector``), so a call 20 ms after the last finds it awake: how much of the
+host's wake-up a busy-polling server loop would save.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import argparse
 import asyncio
 import multiprocessing
 import os
+import selectors
 import socket
 import statistics
 import time
@@ -49,6 +54,30 @@ class SyncAnswer(Answer):
         return self.response(request)
 
 
+class BusyPollSelector(selectors.DefaultSelector):
+    """``select`` polls without blocking while its last event is less than ``busy_poll_s`` old."""
+
+    def __init__(self, busy_poll_s: float = 0.05) -> None:
+        super().__init__()
+        self.busy_poll_s = busy_poll_s
+        self._last_event = time.monotonic()
+
+    def select(self, timeout: float | None = None):
+        start = now = time.monotonic()
+        until = self._last_event + self.busy_poll_s
+        if timeout is not None:
+            until = min(until, now + timeout)
+        ready = []
+        while now < until and not ready:
+            ready = super().select(0)
+            now = time.monotonic()
+        if not ready:
+            ready = super().select(None if timeout is None else max(0.0, timeout - (now - start)))
+        if ready:
+            self._last_event = time.monotonic()
+        return ready
+
+
 def serve(kind: str, port: int) -> None:
     if kind == "sync":
         server = grpc.server(futures.ThreadPoolExecutor(4))
@@ -65,6 +94,10 @@ def serve(kind: str, port: int) -> None:
         await server.start()
         await server.wait_for_termination()
 
+    if kind == "aio-busy":
+        with asyncio.Runner(loop_factory=lambda: asyncio.SelectorEventLoop(BusyPollSelector())) as runner:
+            runner.run(run())
+        return
     asyncio.run(run())
 
 
@@ -88,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--requests", type=Path, required=True, help="the load tool's JSONL")
     ap.add_argument("--gap-ms", default="0,20")
     ap.add_argument("--calls", type=int, default=80)
-    ap.add_argument("--server", choices=("aio", "sync"), default="aio")
+    ap.add_argument("--server", choices=("aio", "sync", "aio-busy"), default="aio")
     ap.add_argument("--client", choices=("aio", "sync"), default="aio")
     ap.add_argument("--port", type=int, default=0, help="the server's port (0: a free one)")
     ap.add_argument("--out", type=Path)

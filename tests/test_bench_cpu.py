@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 
 from bench import host_path
@@ -147,7 +148,8 @@ def test_padding_counts_the_rows_each_bucket_table_pads(tmp_path, capsys):
     assert "| B | 12,000 |" in capsys.readouterr().out
 
 
-def test_grpc_floor_times_a_bare_server_at_each_gap(tmp_path, capsys):
+@pytest.mark.parametrize("server", ["aio", "aio-busy"])
+def test_grpc_floor_times_a_bare_server_at_each_gap(tmp_path, capsys, server):
     """bench.grpc_floor: a server in its own process that answers at once, one call at a time
     against it at each gap, a median per gap in the JSON and the table."""
     from bench import grpc_floor
@@ -156,12 +158,34 @@ def test_grpc_floor_times_a_bare_server_at_each_gap(tmp_path, capsys):
     reqs = tmp_path / "reqs.jsonl"
     gen.main(["--out", str(reqs), "--requests", "12", "--docs", "3", "--prompt-tokens", "20", "--doc-tokens",
               "fixed:5", "--token-ids", "--template", "plain"])  # fmt: skip
-    grpc_floor.main(["--requests", str(reqs), "--gap-ms", "0,5", "--calls", "6",
+    grpc_floor.main(["--requests", str(reqs), "--gap-ms", "0,5", "--calls", "6", "--server", server,
                      "--out", str(tmp_path)])  # fmt: skip
     records = json.loads((tmp_path / "grpc_floor.json").read_text())["records"]
-    assert [(r["server"], r["gap_ms"]) for r in records] == [("aio", 0.0), ("aio", 5.0)]
+    assert [(r["server"], r["gap_ms"]) for r in records] == [(server, 0.0), (server, 5.0)]
     assert all(0 < r["p50_ms"] < 1000 for r in records)
-    assert "| grpc aio | grpc aio | 5 |" in capsys.readouterr().out
+    assert f"| grpc {server} | grpc aio | 5 |" in capsys.readouterr().out
+
+
+def test_the_busy_poll_selector_still_waits_out_its_timeout_and_sleeps_when_idle():
+    """Polling stops at the caller's timeout, and once its window after the last event is over
+    it blocks (a select with no timeout would otherwise spin forever)."""
+    import selectors
+    import socket
+    import time
+
+    from bench.grpc_floor import BusyPollSelector
+
+    a, b = socket.socketpair()
+    with a, b:
+        sel = BusyPollSelector(busy_poll_s=0.05)
+        sel.register(a, selectors.EVENT_READ)
+        t0 = time.monotonic()
+        assert sel.select(0.01) == []
+        assert 0.009 < time.monotonic() - t0 < 0.5
+        time.sleep(0.06)  # the window is over: the next select blocks until its event
+        b.send(b"x")
+        assert [key.fileobj for key, _ in sel.select(None)] == [a]
+        sel.close()
 
 
 def test_batch_breakdown_times_every_stage_of_a_batch(tmp_path):
