@@ -2,8 +2,9 @@
 the prefix cache, without the model: ``Engine.plan`` alone and
 ``Engine._plan_on_cache`` for prompts seen once (the default admission keeps them off the pool)
 and for prompts written to the pool (the cache's reservation and ``on_pool``; the lease then
-aborted, so each use writes again), for one call and for batches of 19 (a serving batch of A),
-on one torch thread (``--host-threads``' default), median ms.
+aborted, so each use writes again), and every call's peek at the cache on its way in
+(``Engine.peeked``) for prompts it has not seen and for prompts it holds, for one call and for
+batches of 19 (a serving batch of A), on one torch thread (``--host-threads``' default), median ms.
 
     python -m bench.plan_on_cache [--workload "A'"] [--out DIR]   # a table; plan_on_cache.json
 """
@@ -33,13 +34,22 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     engine = Settings().build_engine()
-    jobs = [engine.tokenize(r) for r in calls(args.workload, 1200, engine.runner.model.config.vocab_size)]
+    jobs = [engine.tokenize(r) for r in calls(args.workload, 1600, engine.runner.model.config.vocab_size)]
     fresh = iter(jobs[600:])  # prompts the cache has never seen: one use each
 
     def on_cache(batch):
         _, lease, _ = engine._plan_on_cache(batch)
         if lease is not None:
             lease.abort()  # its blocks dropped: the next use writes them again
+
+    def peek(batch):  # each call's way in (the engine process's, with front ends)
+        for job in batch:
+            engine.peeked(job)
+
+    def hold(batch):  # the batch's prompts written to the pool and kept there
+        _, lease, _ = engine._plan_on_cache(batch)
+        if lease is not None:
+            lease.release()
 
     rows = {}
     cases = (  # name, what is timed, the cache's admit, prompts the cache has never seen
@@ -48,9 +58,16 @@ def main(argv: list[str] | None = None) -> None:
         ("plan on the cache, prompts seen once", on_cache, 2, True),
         # every prompt written (admit 1, or a prompt seen before): the pool's reservation, on_pool
         ("plan on the cache, prompts written", on_cache, 1, False),
+        # every call's peek at the cache on its way in: prompts unknown, then held (the last case:
+        # it leaves them on the pool)
+        ("peek, prompts not cached", peek, 2, True),
+        ("peek, prompts cached", peek, 1, False),
     )
     for name, fn, admit, new in cases:
         engine.cache.admit = admit
+        if name == "peek, prompts cached":
+            for i in range(0, 600, BATCH):
+                hold(jobs[i : i + BATCH])
         for size in (1, BATCH):
             if new:
                 batches = [[next(fresh) for _ in range(size)] for _ in range(20 if size > 1 else 60)]

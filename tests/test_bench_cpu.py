@@ -59,7 +59,8 @@ def test_a_ready_engine_leaves_its_heap_frozen_and_a_full_collection_cheap(tmp_p
 
 
 def test_plan_on_cache_times_every_path(tmp_path, capsys):
-    """bench.plan_on_cache: the plan alone, prompts seen once (off the pool), prompts written."""
+    """bench.plan_on_cache: the plan alone, prompts seen once (off the pool), prompts written, and
+    each call's peek at prompts unknown and held."""
     from bench import plan_on_cache
 
     plan_on_cache.main(["--out", str(tmp_path), "--label", "test"])
@@ -68,7 +69,7 @@ def test_plan_on_cache_times_every_path(tmp_path, capsys):
     assert [r["workload"] for r in records] == ["A", "A'"]
     for record in records:
         times = {k: v for k, v in record.items() if k not in ("label", "workload")}
-        assert len(times) == 6 and all(v > 0 for v in times.values()), record
+        assert len(times) == 10 and all(v > 0 for v in times.values()), record
         assert record["plan on the cache, prompts written, 19 calls"] > record["plan, 19 calls"]
 
 
