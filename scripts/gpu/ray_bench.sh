@@ -9,6 +9,8 @@
 #                 session 11)
 #        haproxy  scorer.ray_serve.RAY_ENV: Ray's HAProxy ingress in front of the replica's own
 #                 gRPC server (direct ingress), RAY_SERVE_THROUGHPUT_OPTIMIZED's switches
+#        haproxy-xN  the same with N replicas sharing the GPU (num_gpus 1/N each, an engine process
+#                 each): more host processes for the calls, the GPU time-sliced between them
 #   2. the fault run, on the last configuration: Ray at 50% of its capacity on E, the replica's
 #      process SIGKILLed after KILL_AT s; the load tool's per-second timeline shows the dip and
 #      the recovery;
@@ -44,8 +46,14 @@ CONFIGS="${CONFIGS:-proxy haproxy}"
 config_env() {  # CONFIG: its Ray switches, VAR=VALUE ... (over scorer.ray_serve.RAY_ENV, which ray_local sets)
   case "$1" in
     proxy) echo RAY_SERVE_ENABLE_HA_PROXY=0 RAY_SERVE_THROUGHPUT_OPTIMIZED=0 ;;
-    haproxy) ;;
+    haproxy | haproxy-x[0-9]*) ;;
     *) echo "unknown Ray configuration $1" >&2; exit 1 ;;
+  esac
+}
+config_replicas() {  # CONFIG: ray_local's replica flags (haproxy-xN: N replicas on the one GPU)
+  case "$1" in
+    haproxy-x[0-9]*) local n=${1#haproxy-x}; echo "--replicas $n --num-gpus $(python3 -c "print(1 / $n)")" ;;
+    *) echo "--num-gpus 1" ;;
   esac
 }
 R="$OUT/reports"
@@ -140,8 +148,8 @@ fi
 start_ray() {  # CONFIG
   ray_cfg=$1
   # shellcheck disable=SC2046
-  env $(config_env "$1") taskset -c "$SERVER_CORES" python3 -m scorer.ray_local --num-gpus 1 --num-cpus 12 --quiet \
-    --grpc-port 9000 --http-port 8000 --metrics-port 9464 --ray-metrics-port 9465 model="$CKPT" \
+  env $(config_env "$1") taskset -c "$SERVER_CORES" python3 -m scorer.ray_local $(config_replicas "$1") --num-cpus 12 \
+    --quiet --grpc-port 9000 --http-port 8000 --metrics-port 9464 --ray-metrics-port 9470 model="$CKPT" \
     >"$OUT/ray-$1.log" 2>&1 &
   ray_pid=$!
   for _ in $(seq 300); do  # READY: Serve runs, the replica is up (its metrics port is known)
