@@ -138,16 +138,23 @@ def test_a_call_after_a_long_gap_does_not_wait_for_company_behind_a_batch_in_fli
     assert forward.batches == [["first"], ["lone"]]
 
 
+async def behind_a_blocker(forward, late_s: float):
+    """A started batcher with a batch in flight ("blocker") and two calls queued behind it: "late",
+    whose deadline is ``late_s`` away, and "gone", without one."""
+    batcher = Batcher(forward, BatchPolicy(max_wait_s=0))
+    batcher.start()
+    blocker = asyncio.ensure_future(batcher.submit(call(10, "blocker"), None, "blocker"))
+    await asyncio.sleep(0.05)
+    late = asyncio.ensure_future(batcher.submit(call(10, "late"), time.monotonic() + late_s, "late"))
+    gone = asyncio.ensure_future(batcher.submit(call(10, "gone"), None, "gone"))
+    return batcher, blocker, late, gone
+
+
 def test_calls_whose_deadline_passed_or_that_were_cancelled_in_the_queue_are_never_scored():
     forward = FakeForward(delay_s=0.2)
 
     async def scenario():
-        batcher = Batcher(forward, BatchPolicy(max_wait_s=0))
-        batcher.start()
-        blocker = asyncio.ensure_future(batcher.submit(call(10, "blocker"), None, "blocker"))
-        await asyncio.sleep(0.05)
-        late = asyncio.ensure_future(batcher.submit(call(10, "late"), time.monotonic() + 0.05, "late"))
-        gone = asyncio.ensure_future(batcher.submit(call(10, "gone"), None, "gone"))
+        batcher, blocker, late, gone = await behind_a_blocker(forward, late_s=0.05)
         await asyncio.sleep(0.01)
         assert batcher.depth == 2
         gone.cancel()
@@ -179,12 +186,7 @@ def test_a_call_cancelled_just_before_the_batch_is_cut_is_dropped_once_and_the_l
     forward = FakeForward(delay_s=0.2)
 
     async def scenario():
-        batcher = Batcher(forward, BatchPolicy(max_wait_s=0))
-        batcher.start()
-        blocker = asyncio.ensure_future(batcher.submit(call(10, "blocker"), None, "blocker"))
-        await asyncio.sleep(0.05)
-        late = asyncio.ensure_future(batcher.submit(call(10, "late"), time.monotonic() + 0.02, "late"))
-        gone = asyncio.ensure_future(batcher.submit(call(10, "gone"), None, "gone"))
+        batcher, blocker, late, gone = await behind_a_blocker(forward, late_s=0.02)
         await asyncio.sleep(0.03)  # late's deadline has passed; both still queued
         before = dropped("deadline") + dropped("cancelled")
         late.cancel()
