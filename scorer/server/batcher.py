@@ -281,6 +281,7 @@ class Batcher:
                 if self._pending:
                     job = self._pending.popleft()
                     job.queued = False
+                    metrics.QUEUE_DEPTH.set(len(self._pending))
                     _settle(job, exc)
                 continue
             try:
@@ -320,7 +321,8 @@ class Batcher:
 
     def _take(self) -> list[_Queued]:
         """The oldest calls that fit the token budget (at least one) and can still meet their
-        deadlines by the forward-time estimate; calls that cannot are dropped."""
+        deadlines by the forward-time estimate; calls that cannot are dropped, and a call whose
+        check raises fails alone."""
         batch: list[_Queued] = []
         tokens, now = 0, time.monotonic()
         first_deadline = float("inf")
@@ -329,21 +331,28 @@ class Batcher:
             if job.future.done():  # cancelled, its done callback not run yet (the loop runs it later)
                 self._on_done(job, job.future)
                 continue
-            reason = (
-                "deadline"
-                if job.expired(now)
-                else "unreachable"
-                if self._late(job, now, job.tokens)
-                else None
-            )
-            if reason is None and batch:
-                late = self._late(
-                    job, now, tokens + job.tokens, min(first_deadline, job.deadline or first_deadline)
+            try:
+                reason = (
+                    "deadline"
+                    if job.expired(now)
+                    else "unreachable"
+                    if self._late(job, now, job.tokens)
+                    else None
                 )
-                if tokens + job.tokens > self.policy.max_batch_tokens or late:
-                    break
+                if reason is None and batch:
+                    late = self._late(
+                        job, now, tokens + job.tokens, min(first_deadline, job.deadline or first_deadline)
+                    )
+                    if tokens + job.tokens > self.policy.max_batch_tokens or late:
+                        break
+            except Exception as exc:  # a fault in the policy: this call fails, the others go on
+                log.exception("checking a queued call failed", extra={"request_id": job.request_id})
+                reason = exc
             self._pending.popleft()
             job.queued = False
+            if isinstance(reason, Exception):
+                _settle(job, reason)
+                continue
             if reason is not None:
                 self._count_drop(job, reason)
                 _settle(job, Dropped(reason))
