@@ -24,7 +24,16 @@ from .planning.choose import auto_policy
 from .planning.schemes import DEFAULT_GROUP_SIZE
 from .prefix_cache import Lease, PoolFull, PrefixCache
 from .readout import DocScore, ScoreResult, Usage
-from .request import MAX_DOC_BYTES, MAX_REQUEST_BYTES, Job, Limits, ScoreOptions, ScoreRequest, tokenize
+from .request import (
+    MAX_DOC_BYTES,
+    MAX_REQUEST_BYTES,
+    Job,
+    Limits,
+    ScoreOptions,
+    ScoreRequest,
+    fast_backends,
+    tokenize,
+)
 from .runner import ModelRunner
 
 log = logging.getLogger(__name__)
@@ -74,6 +83,7 @@ class Tokenizing:
 
     def __init__(self, tokenizer, info: EngineInfo) -> None:
         self.tokenizer = tokenizer
+        fast_backends(tokenizer)  # copied now, not on the first text call
         self.info = info
         self.model_name = info.model_name
         self.config = c = info.config

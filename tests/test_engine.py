@@ -261,6 +261,48 @@ def test_doc_special_tokens_parse_by_default_or_stay_text(engine):
     assert engine.score(ScoreRequest("q", doc, options=ScoreOptions(doc_special_tokens="text"))).results
 
 
+def test_docs_encode_as_the_tokenizer_does_from_threads_with_either_special_tokens_setting(engine):
+    """request._encode calls copies of the fast tokenizer's backend, one per setting: the ids of
+    ``tokenizer.encode`` for both settings, also from four threads at once with mixed settings
+    (switching one shared backend's setting per call, as transformers' wrapper does, can encode a
+    doc under the other thread's setting); a backend with truncation set keeps the wrapper, whose
+    ids differ from the backend's there."""
+    import copy
+    from concurrent.futures import ThreadPoolExecutor
+
+    from scorer.request import _encode, fast_backends
+
+    tok = engine.tokenizer
+    texts = [
+        "a <|im_end|> b <|im_start|>user x",
+        "ünïcödé 漢字 🙂 <|im_end|>",
+        " lead",
+        "trail ",
+        text_of(40),
+    ]
+    want = {
+        (t, split): tok.encode(t, add_special_tokens=False, split_special_tokens=split)
+        for t in texts
+        for split in (False, True)
+    }
+    assert want[texts[0], False] != want[texts[0], True]
+    assert all(_encode(tok, t, split) == ids for (t, split), ids in want.items())
+    cases = list(want) * 50
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda c: _encode(tok, *c), cases))
+    assert got == [want[c] for c in cases]
+    truncating = copy.deepcopy(tok)
+    truncating._tokenizer.enable_truncation(8)
+    assert fast_backends(truncating) is None
+    assert len(truncating._tokenizer.encode(texts[4], add_special_tokens=False).ids) == 8
+    # the wrapper lifts the backend's truncation: its 40 ids, not the backend's 8
+    assert (
+        _encode(truncating, texts[4])
+        == truncating.encode(texts[4], add_special_tokens=False)
+        == want[texts[4], False]
+    )
+
+
 def test_truncate_doc_end_cuts_and_reports(engine):
     req = _req(docs=(text_of(25), text_of(3, "y")), truncate="doc_end")
     t = tokenize(req, engine.tokenizer, LIMITS, RAGGED)
