@@ -331,6 +331,7 @@ class Batcher:
             if job.future.done():  # cancelled, its done callback not run yet (the loop runs it later)
                 self._on_done(job, job.future)
                 continue
+            failure: Exception | None = None
             try:
                 reason = (
                     "deadline"
@@ -347,15 +348,15 @@ class Batcher:
                         break
             except Exception as exc:  # a fault in the policy: this call fails, the others go on
                 log.exception("checking a queued call failed", extra={"request_id": job.request_id})
-                reason = exc
+                failure = exc
+            else:
+                if reason is not None:
+                    self._count_drop(job, reason)
+                    failure = Dropped(reason)
             self._pending.popleft()
             job.queued = False
-            if isinstance(reason, Exception):
-                _settle(job, reason)
-                continue
-            if reason is not None:
-                self._count_drop(job, reason)
-                _settle(job, Dropped(reason))
+            if failure is not None:
+                _settle(job, failure)
                 continue
             batch.append(job)
             tokens += job.tokens
