@@ -46,28 +46,28 @@ def main(argv: list[str] | None = None) -> None:
         for job in batch:
             engine.peeked(job)
 
-    def hold(batch):  # the batch's prompts written to the pool and kept there
-        _, lease, _ = engine._plan_on_cache(batch)
-        if lease is not None:
-            lease.release()
+    def hold_all():  # the prompts of the timed batches written to the pool and kept there
+        for i in range(0, 600, BATCH):
+            _, lease, _ = engine._plan_on_cache(jobs[i : i + BATCH])
+            if lease is not None:
+                lease.release()
 
     rows = {}
-    cases = (  # name, what is timed, the cache's admit, prompts the cache has never seen
-        ("plan", engine.plan, 2, False),
+    cases = (  # name, what is timed, the cache's admit, prompts the cache has never seen, set-up
+        ("plan", engine.plan, 2, False, None),
         # admit 2, the default: a prompt seen once neither reads nor writes the pool
-        ("plan on the cache, prompts seen once", on_cache, 2, True),
+        ("plan on the cache, prompts seen once", on_cache, 2, True, None),
         # every prompt written (admit 1, or a prompt seen before): the pool's reservation, on_pool
-        ("plan on the cache, prompts written", on_cache, 1, False),
+        ("plan on the cache, prompts written", on_cache, 1, False, None),
         # every call's peek at the cache on its way in: prompts unknown, then held (the last case:
         # it leaves them on the pool)
-        ("peek, prompts not cached", peek, 2, True),
-        ("peek, prompts cached", peek, 1, False),
+        ("peek, prompts not cached", peek, 2, True, None),
+        ("peek, prompts cached", peek, 1, False, hold_all),
     )
-    for name, fn, admit, new in cases:
+    for name, fn, admit, new, setup in cases:
         engine.cache.admit = admit
-        if name == "peek, prompts cached":
-            for i in range(0, 600, BATCH):
-                hold(jobs[i : i + BATCH])
+        if setup is not None:
+            setup()
         for size in (1, BATCH):
             if new:
                 batches = [[next(fresh) for _ in range(size)] for _ in range(20 if size > 1 else 60)]
