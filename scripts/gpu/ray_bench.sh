@@ -56,7 +56,8 @@ config_replicas() {  # CONFIG: ray_local's replica flags (haproxy-xN: N replicas
     *) echo "--num-gpus 1" ;;
   esac
 }
-R="$OUT/reports"
+R=/tmp/ray-bench/reports  # archived into $OUT/reports.tgz after each report (the tool returns 8 files)
+rm -rf "$R"
 METRICS=http://127.0.0.1:9464/metrics  # scorer serve's, then the replica's (both --metrics-port 9464)
 mkdir -p "$R"
 [ -f "$CKPT/model.safetensors" ] || python3 -c "
@@ -94,6 +95,7 @@ load() {  # NAME TARGET REQUESTS ARGS...: one load-tool report in $R/NAME
   taskset -c "$LOAD_CORES" python3 -m loadtest.run --target "$target" --requests "$reqs" --schemes auto \
     --deadline-ms 2000 --quiet --out "$R/$name" "$@" 2>&1 | grep -v "^report:" | tail -25
   [ -f "$R/$name/report.json" ] || { echo "no report for $name" >&2; exit 1; }
+  tar czf "$OUT/reports.tgz" --exclude='*.png' -C "$(dirname "$R")" reports  # kept if a timeout kills the run
 }
 
 measure() {  # SYSTEM TARGET: a warm-up, both sweeps, then 10% of scorer serve's capacity
@@ -125,9 +127,8 @@ stop_ray() {  # Ctrl-C to scorer.ray_local, then the replicas' logs (.err) into 
 }
 finish() {  # also on failure: no server left running, at most a handful of files in $OUT
   [ -z "$serve_pid" ] || kill "$serve_pid" 2>/dev/null || true
+  (cd "$OUT" && gzip -f serve.log ray-*.log 2>/dev/null) || true  # first: stopping Ray can outlast a timeout
   stop_ray
-  cd "$OUT" && { [ ! -d reports ] || { tar czf reports.tgz reports && rm -r reports; }; }
-  gzip -f serve.log ray-*.log 2>/dev/null || true
 }
 trap finish EXIT
 trap 'exit 143' TERM  # a timeout still leaves the reports in $OUT
@@ -197,8 +198,8 @@ new=$(pgrep -f '^ray::ServeReplica:scorer:Scorer' | head -1)
 wait_serving 127.0.0.1:9000 $ray_pid "$OUT/ray-$last.log"  # the new replica serves (if the run ended first)
 fi
 
-# 3. the HTTP routes through Serve's HTTP proxy
-for api in cohere jina tei; do
+# 3. the HTTP routes through Serve's HTTP proxy (SKIP_HTTP=1: not)
+[ -n "${SKIP_HTTP:-}" ] || for api in cohere jina tei; do
   load "ray-$last-http-$api" http://127.0.0.1:8000/scorer /tmp/A-text.jsonl --metrics-url "$METRICS" \
     --api "$api" --rate 10 --duration 3 --no-samples
 done
@@ -206,14 +207,15 @@ stop_ray
 
 # the tables: side by side, the fault run's timeline
 python3 - "$R" "$KILL_AT" "$last" $CONFIGS >"$OUT/ray_bench.md" <<'PY'
-import json, sys
+import json, os, sys
 from pathlib import Path
 
 r, kill_at, last, configs = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4:]
 rep = lambda name: json.loads((r / name / "report.json").read_text())
 ms = lambda v: "-" if v is None else f"{v * 1e3:.1f}"
 for cfg in configs:
-    ready = [x for x in (r.parent / f"ray-{cfg}.log").read_text().splitlines() if x.startswith("READY")]
+    log = Path(os.environ["OUT"]) / f"ray-{cfg}.log"
+    ready = [x for x in log.read_text().splitlines() if x.startswith("READY")] if log.exists() else []
     print(f"Ray, {cfg}: `{ready[0] if ready else 'never READY'}`\n")
 print("| workload | system | capacity calls/s | p50 / p99 ms at capacity | p50 / p99 ms at 10% of serve's |")
 print("|---|---|---:|---:|---:|")
@@ -245,8 +247,9 @@ if (r / f"ray-{last}-E-fault").exists():  # not with SKIP_FAULT=1
     print("\n| t s | sent | ok | failed | p50 ms | p99 ms |\n|---:|---:|---:|---:|---:|---:|")
     for t in fault["runs"][0]["timeline"]:
         print(f"| {t['t']:.0f} | {t['sent']} | {t['ok']} | {t['failed']} | {ms(t['p50'])} | {ms(t['p99'])} |")
-print(f"\n| HTTP through ray-{last} | calls | by code | p50 / p99 ms |\n|---|---:|---|---:|")
-for api in ("cohere", "jina", "tei"):
+if (r / f"ray-{last}-http-cohere").exists():  # not with SKIP_HTTP=1
+    print(f"\n| HTTP through ray-{last} | calls | by code | p50 / p99 ms |\n|---|---:|---|---:|")
+for api in ("cohere", "jina", "tei") if (r / f"ray-{last}-http-cohere").exists() else ():
     h = rep(f"ray-{last}-http-{api}")
     print(f"| {api} | {h['requests']} | {h['by_code']} | {ms(h['latency_seconds']['p50'])} / "
           f"{ms(h['latency_seconds']['p99'])} |")
