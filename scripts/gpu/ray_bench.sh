@@ -60,15 +60,7 @@ R=/tmp/ray-bench/reports  # archived into $OUT/reports.tgz after each report (th
 rm -rf "$R"
 METRICS=http://127.0.0.1:9464/metrics  # scorer serve's, then the replica's (both --metrics-port 9464)
 mkdir -p "$R"
-[ -f "$CKPT/model.safetensors" ] || python3 -c "
-from pathlib import Path
-from bench.e2e import QWEN3_06B
-from scorer.models.tiny import write_random_checkpoint
-write_random_checkpoint(Path('$CKPT'), QWEN3_06B, std=0.02)"
-gen() { python3 -m loadtest.gen --requests 2000 --seed 1 --out "$@" >/dev/null; }
-gen /tmp/A.jsonl --docs 10 --prompt-tokens 300 --doc-tokens 50 --token-ids
-gen /tmp/E.jsonl --docs 20 --prompt-tokens 200 --doc-tokens 60 --token-ids
-gen /tmp/A-text.jsonl --docs 10 --prompt-tokens 300 --doc-tokens 50
+CKPT="$CKPT" bash scripts/gpu/ray_inputs.sh >/dev/null  # unless run 1 wrote them
 
 rates() { python3 -c "
 lo, hi = map(float, '$1'.split(':'))
