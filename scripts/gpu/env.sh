@@ -7,16 +7,7 @@ export OUT="${OUT:-$PWD/out}"
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.used --format=csv,noheader
 
-random_checkpoint() {  # DIR (a scratch path: it may be removed): the random Qwen3-0.6B-shaped bf16
-  # checkpoint of the benchmarks, kept from an earlier run on a warm machine unless its tokenizer is
-  # not the shipped one
-  cmp -s "$1/tokenizer.json" scorer/models/tokenizer.json || rm -rf "$1"
-  [ -f "$1/model.safetensors" ] || python3 -c "
-from pathlib import Path
-from bench.e2e import QWEN3_06B
-from scorer.models.tiny import write_random_checkpoint
-write_random_checkpoint(Path('$1'), QWEN3_06B, std=0.02)"
-}
+source scripts/gpu/checkpoint.sh  # random_checkpoint
 
 use_wheels() {  # the wheels of .wheels/ (scripts/gpu/wheels.sh; carry .wheels) installed under /tmp, first on the path
   ls .wheels/*.whl >/dev/null || { echo "no .wheels/: run bash scripts/gpu/wheels.sh and carry .wheels" >&2; exit 1; }

@@ -57,9 +57,8 @@ config_replicas() {  # CONFIG: ray_local's replica flags (haproxy-xN: N replicas
   esac
 }
 R=/tmp/ray-bench/reports  # archived into $OUT/reports.tgz after each report (the tool returns 8 files)
-rm -rf "$R"
+rm -rf "$R" && mkdir -p "$R"
 METRICS=http://127.0.0.1:9464/metrics  # scorer serve's, then the replica's (both --metrics-port 9464)
-mkdir -p "$R"
 CKPT="$CKPT" bash scripts/gpu/ray_inputs.sh >/dev/null  # unless run 1 wrote them
 
 rates() { python3 -c "
@@ -241,10 +240,10 @@ if (r / f"ray-{last}-E-fault").exists():  # not with SKIP_FAULT=1
         print(f"| {t['t']:.0f} | {t['sent']} | {t['ok']} | {t['failed']} | {ms(t['p50'])} | {ms(t['p99'])} |")
 if (r / f"ray-{last}-http-cohere").exists():  # not with SKIP_HTTP=1
     print(f"\n| HTTP through ray-{last} | calls | by code | p50 / p99 ms |\n|---|---:|---|---:|")
-for api in ("cohere", "jina", "tei") if (r / f"ray-{last}-http-cohere").exists() else ():
-    h = rep(f"ray-{last}-http-{api}")
-    print(f"| {api} | {h['requests']} | {h['by_code']} | {ms(h['latency_seconds']['p50'])} / "
-          f"{ms(h['latency_seconds']['p99'])} |")
+    for api in ("cohere", "jina", "tei"):
+        h = rep(f"ray-{last}-http-{api}")
+        print(f"| {api} | {h['requests']} | {h['by_code']} | {ms(h['latency_seconds']['p50'])} / "
+              f"{ms(h['latency_seconds']['p99'])} |")
 PY
 cat "$OUT/ray_bench.md"
 

@@ -6,13 +6,10 @@
 set -euo pipefail
 export PYTHONPATH=".:${PYTHONPATH:-}"
 CKPT="${CKPT:-/tmp/ckpt/qwen3-0.6b-random}"
-[ -f "$CKPT/model.safetensors" ] || python3 -c "
-from pathlib import Path
-from bench.e2e import QWEN3_06B
-from scorer.models.tiny import write_random_checkpoint
-write_random_checkpoint(Path('$CKPT'), QWEN3_06B, std=0.02)"
+source scripts/gpu/checkpoint.sh
+random_checkpoint "$CKPT"
 gen() { [ -f "$1" ] || python3 -m loadtest.gen --requests 2000 --seed 1 --out "$@" >/dev/null; }
 gen /tmp/A.jsonl --docs 10 --prompt-tokens 300 --doc-tokens 50 --token-ids
 gen /tmp/E.jsonl --docs 20 --prompt-tokens 200 --doc-tokens 60 --token-ids
 gen /tmp/A-text.jsonl --docs 10 --prompt-tokens 300 --doc-tokens 50
-ls -la "$CKPT" /tmp/A.jsonl /tmp/E.jsonl /tmp/A-text.jsonl | tail -4
+ls -la "$CKPT/model.safetensors" /tmp/A.jsonl /tmp/E.jsonl /tmp/A-text.jsonl
