@@ -33,7 +33,13 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, dict[str, str]]:
     p.add_argument("--metrics-port", type=int, default=9464, help="the replicas' scorer_ metrics (first)")
     p.add_argument("--ray-metrics-port", type=int, default=9465, help="Ray's own metrics (ray_serve_...)")
     p.add_argument("--replicas", type=int, default=1)
-    p.add_argument("--num-gpus", type=float, default=0, help="per replica (0: the replicas run on the CPU)")
+    p.add_argument(
+        "--num-gpus",
+        type=float,
+        default=0,
+        help="per replica, or per engine with engine_process=shared (0: on the CPU)",
+    )
+    p.add_argument("--engines", type=int, default=1, help="with engine_process=shared: Engine replicas")
     p.add_argument("--replica-cpus", type=float, default=1, help="CPUs Ray reserves per replica")
     p.add_argument("--num-cpus", type=int, help="CPUs of the local Ray (default: all)")
     p.add_argument("--quiet", action="store_true", help="the replicas' logs stay in Ray's log files")
@@ -55,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     from pydantic import ValidationError
     from ray import serve
 
-    from .ray_serve import RAY_ENV, ScorerArgs, deployment_for, grpc_options, stop_haproxy
+    from .ray_serve import RAY_ENV, EngineDeployment, ScorerArgs, deployment_for, grpc_options, stop_haproxy
 
     try:
         args = ScorerArgs.model_validate(
@@ -67,10 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     for key, value in {**RAY_ENV, **LOCAL_ENV}.items():  # before Ray starts: its processes inherit them
         os.environ.setdefault(key, value)
     stop = threading.Event()
+    shared = args.engine_process == "shared"  # the replicas are front ends of ns.engines engines
     context = ray.init(
         address="local",
         num_cpus=ns.num_cpus,
-        num_gpus=ns.num_gpus * ns.replicas,
+        num_gpus=ns.num_gpus * (ns.engines if shared else ns.replicas),
         include_dashboard=False,
         log_to_driver=not ns.quiet,
         _metrics_export_port=ns.ray_metrics_port,
@@ -85,11 +92,18 @@ def main(argv: list[str] | None = None) -> int:
         )
         deployment = deployment_for(args).options(
             num_replicas=ns.replicas,
-            ray_actor_options={"num_cpus": ns.replica_cpus, "num_gpus": ns.num_gpus},
+            ray_actor_options={"num_cpus": ns.replica_cpus, "num_gpus": 0 if shared else ns.num_gpus},
         )
-        handle = serve.run(deployment.bind(args.model_dump()), name=APP, route_prefix=f"/{APP}")
+        engine = EngineDeployment.options(
+            num_replicas=ns.engines, ray_actor_options={"num_cpus": ns.replica_cpus, "num_gpus": ns.num_gpus}
+        )
+        bound = (args.model_dump(), engine.bind(args.model_dump())) if shared else (args.model_dump(),)
+        handle = serve.run(deployment.bind(*bound), name=APP, route_prefix=f"/{APP}")
         # a handle called outside an event loop: RAY_ENV keeps Ray's router in a loop of its own
         ports = sorted({handle.metrics_port.remote().result() for _ in range(4 * ns.replicas)})
+        if shared:
+            engines = serve.get_deployment_handle("Engine", APP)
+            ports += sorted({engines.metrics_port.remote().result() for _ in range(4 * ns.engines)})
         metrics = ", ".join(f"http://{ns.host}:{p}/metrics" for p in ports if p) or "off"
         switches = " ".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("RAY_SERVE_"))
         print(

@@ -25,16 +25,18 @@ from pathlib import Path
 from wsgiref.simple_server import WSGIServer
 
 import grpc
+import ray
 from grpc_health.v1 import health_pb2
 from ray import serve
 from ray.serve import Application, Deployment
 from ray.serve.config import gRPCOptions
 from ray.serve.grpc_util import RayServegRPCContext
+from ray.serve.handle import DeploymentHandle
 
 from . import metrics
 from .server.app import LOG_FORMAT, SCORER_SERVICE
 from .server.calls import RequestIdFilter
-from .server.frontends import EngineProcess, on_gpu
+from .server.frontends import EngineProcess, FrontLink, RemoteScoring, attach, on_gpu
 from .server.handler import CallHandler, Metadata, earliest, expired_code, sent_timeout
 from .server.http import build_app as build_http_app
 from .server.scoring import ScoringService, freeze_heap, process_age_s, ready_engine
@@ -145,28 +147,40 @@ class ScorerDeployment:
     """One engine and one ScoringService per replica; ``ScoreDocs`` is the gRPC method, and the
     HTTP rerank routes are its ingress (built once the replica is up)."""
 
-    async def __init__(self, args: dict | None = None) -> None:
+    async def __init__(self, args: dict | None = None, engine: DeploymentHandle | None = None) -> None:
         self.settings = s = Settings(**ScorerArgs.model_validate(args or {}).model_dump())
         _configure_logging(s.log_level)
         self.handler = CallHandler()
         self._closing = False
         self._engine: EngineProcess | None = None
-        if engine_in_child(s):
+        self._link: FrontLink | None = None  # to the node's shared engine (engine_process=shared)
+        if s.engine_process == "shared":
+            if engine is None:
+                raise ValueError(
+                    "engine_process=shared: the replicas need the application's Engine deployment"
+                    " (build the application with scorer.ray_serve.build_app)"
+                )
+            self._link, self.service = await _join(s, engine)
+            where = " (a front end of its node's shared engine)"
+        elif engine_in_child(s):
             self._engine = EngineProcess(s)
             self.service = await self._engine.start()
-            freeze_heap("replica")  # this process's heap (an engine here froze in ready_engine)
+            where = f" (engine in process {self._engine.proc.pid})"
         else:
             self.service = ScoringService(
                 await asyncio.to_thread(ready_engine, s, "replica"), s.batch_policy(), s.knobs()
             )
             self.service.start()
+            where = ""
+        if where:
+            freeze_heap("replica")  # this process's heap (an engine here froze in ready_engine)
         self.handler.service = self.service
         self._metrics_http, self._metrics_port = _serve_metrics(s, self._engine.dir if self._engine else None)
         metrics.READY.set(1)
         log.info(
             "SERVING %s%s, %.1f s after the replica's process started; metrics on port %s",
             self.service.engine.model_name,
-            f" (engine in process {self._engine.proc.pid})" if self._engine else "",
+            where,
             process_age_s(),
             self._metrics_port or "off",
         )
@@ -205,8 +219,10 @@ class ScorerDeployment:
         )
 
     def check_health(self) -> None:
-        """Serve's health check: a replica whose engine process died is replaced."""
-        if self._engine is not None and not self._engine.alive():
+        """Serve's health check: a replica whose engine process died (its own, or the shared one
+        it joined) is replaced."""
+        own_gone = self._engine is not None and not self._engine.alive()
+        if own_gone or self._link is not None and self._link.gone:
             raise RuntimeError("the replica's engine process is gone")
 
     def metrics_port(self) -> int:
@@ -221,12 +237,86 @@ class ScorerDeployment:
             await service.close()
         if (engine := getattr(self, "_engine", None)) is not None:
             await engine.close()
+        if (link := getattr(self, "_link", None)) is not None:
+            await link.close()
+        if (server := getattr(self, "_metrics_http", None)) is not None:
+            server.shutdown()
+
+
+async def _join(settings: Settings, engine: DeploymentHandle) -> tuple[FrontLink, RemoteScoring]:
+    """Join the shared engine that the Engine deployment runs on this replica's node: this process
+    takes Ray's calls and tokenizes, the engine process batches them with its other front ends'."""
+    node, path = await engine.address.remote()
+    here = ray.get_runtime_context().get_node_id()
+    if node != here:
+        raise RuntimeError(
+            f"engine_process=shared: this replica runs on node {here} and the engine it was given on"
+            f" node {node}; a front end must run on its engine's node (docs/ray.md)"
+        )
+    link = FrontLink(f"replica-{serve.get_replica_context().replica_id.unique_id}")
+    await link.connect(path)
+    async with asyncio.timeout(60):  # the engine is warm once its deployment answers
+        return link, await attach(link, settings, lambda: None)
+
+
+@serve.deployment(
+    name="Engine",
+    max_ongoing_requests=64,  # it answers its front ends' address() and metrics_port() alone
+    graceful_shutdown_wait_loop_s=2.0,
+    graceful_shutdown_timeout_s=30.0,
+    health_check_period_s=2.0,
+    logging_config={"enable_access_log": False},
+)
+class EngineDeployment:
+    """The engine of ``engine_process=shared`` (one replica per GPU): the model, the batcher and
+    the device work in a child process of this replica, which the Scorer replicas of its node join
+    as front ends through a Unix socket, as ``scorer serve``'s front-end processes join its engine
+    process. The calls' batches then hold every front end's calls; the engine's metrics (batches,
+    forward, cache) are on this replica's /metrics, each call's own on its front end's."""
+
+    async def __init__(self, args: dict | None = None) -> None:
+        s = Settings(**ScorerArgs.model_validate(args or {}).model_dump())
+        _configure_logging(s.log_level)
+        self._engine = EngineProcess(s, shared=True)
+        service = await self._engine.start()
+        self._node = ray.get_runtime_context().get_node_id()
+        self._metrics_http, self._metrics_port = _serve_metrics(s, self._engine.dir)
+        metrics.READY.set(1)
+        log.info(
+            "ENGINE %s in process %d, at %s; %.1f s after the replica's process started; metrics on port %s",
+            service.engine.model_name,
+            self._engine.proc.pid,
+            self._engine.path,
+            process_age_s(),
+            self._metrics_port or "off",
+        )
+
+    def address(self) -> tuple[str, str]:
+        """(node id, Unix socket path) of the engine process."""
+        return self._node, self._engine.path
+
+    def check_health(self) -> None:
+        if not self._engine.alive():
+            raise RuntimeError("the shared engine process is gone")
+
+    def metrics_port(self) -> int:
+        return self._metrics_port
+
+    async def __del__(self) -> None:
+        """The engine finishes what it holds (its front ends drain first), then stops."""
+        metrics.READY.set(0)
+        if (engine := getattr(self, "_engine", None)) is not None:
+            await engine.close()
         if (server := getattr(self, "_metrics_http", None)) is not None:
             server.shutdown()
 
 
 def build_app(args: ScorerArgs) -> Application:
-    """The application of ``serve run`` / a serve config's ``import_path``: one Scorer deployment."""
+    """The application of ``serve run`` / a serve config's ``import_path``: one Scorer deployment,
+    and with ``engine_process=shared`` the Engine deployment its replicas join (give the Engine the
+    GPU and the Scorer none: a serve config's ``deployments`` section, or ``scorer.ray_local``)."""
+    if args.engine_process == "shared":
+        return deployment_for(args).bind(args.model_dump(), EngineDeployment.bind(args.model_dump()))
     return deployment_for(args).bind(args.model_dump())
 
 

@@ -231,9 +231,10 @@ class Settings:
     engine_process: str = setting(
         "auto",
         "the replica's engine (model, batcher, device work) in a child process of its own, the"
-        " replica's process only taking Ray's calls and tokenizing: on, off, or auto (on with the"
-        " model on a GPU)",
-        choices=("auto", "on", "off"),
+        " replica's process only taking Ray's calls and tokenizing: on, off, auto (on with the"
+        " model on a GPU), or shared (the replicas are front ends of one engine per GPU, an Engine"
+        " deployment of its own on their node)",
+        choices=("auto", "on", "off", "shared"),
         scopes=(RAY,),
     )
     api_key: str | None = setting(

@@ -164,10 +164,10 @@ def wait_for_applications(channel: grpc.Channel, apps: set[str], timeout_s: floa
         time.sleep(0.1)
 
 
-def replica_pids(app: str) -> set[int]:
-    """The processes of the application's replicas: Ray titles a replica worker
+def replica_pids(app: str, deployment: str = "Scorer") -> set[int]:
+    """The processes of the deployment's replicas: Ray titles a replica worker
     ``ray::ServeReplica:<app>:<deployment>``."""
-    title = f"ray::ServeReplica:{app}:Scorer".encode()
+    title = f"ray::ServeReplica:{app}:{deployment}".encode()
     pids = set()
     for proc in Path("/proc").iterdir():
         try:
@@ -269,3 +269,17 @@ class Load:
         """When the first call sent after ``after`` that was answered ``code`` ended, if one has."""
         answered = (c for c in list(self.calls) if c.sent > after and c.ended and c.code == code)
         return next((c.ended for c in answered), None)
+
+
+def engine_pids(replica: int) -> set[int]:
+    """The replica's engine process: its child started by multiprocessing's spawn."""
+    out = set()
+    for proc in Path("/proc").iterdir():
+        try:
+            if not proc.name.isdigit() or b"spawn_main" not in (proc / "cmdline").read_bytes():
+                continue
+            if int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == replica:
+                out.add(int(proc.name))
+        except OSError:
+            continue
+    return out

@@ -22,7 +22,18 @@ from pathlib import Path
 import grpc
 import pytest
 from ray import serve
-from ray_app import APP, DIED, DIED_CODE, Load, RayApp, free_port, replica_pids, scrape, wait_for_applications
+from ray_app import (
+    APP,
+    DIED,
+    DIED_CODE,
+    Load,
+    RayApp,
+    engine_pids,
+    free_port,
+    replica_pids,
+    scrape,
+    wait_for_applications,
+)
 
 from scorer.ray_serve import ScorerArgs, ScorerDeployment
 from scorer.runtime import build_engine
@@ -196,17 +207,3 @@ def test_a_replica_whose_engine_process_dies_is_replaced(slow_app):
     assert replica_pids(SLOW) != {pid}
     last = [c for c in calls if c.sent > calls[-1].sent - 2.0]
     assert all(c.code == grpc.StatusCode.OK for c in last), [c.code for c in last]
-
-
-def engine_pids(replica: int) -> set[int]:
-    """The replica's engine process: its child started by multiprocessing's spawn."""
-    out = set()
-    for proc in Path("/proc").iterdir():
-        try:
-            if not proc.name.isdigit() or b"spawn_main" not in (proc / "cmdline").read_bytes():
-                continue
-            if int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == replica:
-                out.add(int(proc.name))
-        except OSError:
-            continue
-    return out

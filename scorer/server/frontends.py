@@ -127,11 +127,17 @@ class _Frames(asyncio.Protocol):
 class EngineLink:
     """The engine process's end: a Unix socket the front ends connect to, each saying first which
     one it is (``hello``; a restarted one's connection replaces its predecessor's). Jobs that
-    arrive are scored through ``service`` and their results (or exceptions) sent back."""
+    arrive are scored through ``service`` and their results (or exceptions) sent back.
 
-    def __init__(self, path: str, frontends: int) -> None:
+    ``frontends`` front ends are expected (their identities ``frontend-<i>``: the engine serves
+    once all are ready, and ``lost`` is set when one of them goes). With ``shared``, other front
+    ends may also join and leave at any time (the Ray replicas of ``engine_process=shared``): each
+    gets the engine's state as it joins, and one that leaves has its calls cancelled."""
+
+    def __init__(self, path: str, frontends: int, shared: bool = False) -> None:
         self.path = path
         self.identities = [frontend_identity(i) for i in range(frontends)]
+        self.shared = shared
         self.up: dict[str, asyncio.Future[str | None]] = {}
         self.ready: set[str] = set()
         self.all_ready = asyncio.Event()
@@ -162,14 +168,18 @@ class EngineLink:
     def serve(self, service: ScoringService) -> None:
         """The model is warm: every front end gets its EngineInfo (and acknowledges it)."""
         self.service, self.info = service, service.engine.info
-        for ident in self.identities:
+        for ident in self._everyone():
             self._send(ident, "ready", self.info)
 
     def set_state(self, state: str, grace_s: float = 0.0) -> None:
         """``serving``, ``draining`` or ``stop`` (finish the calls in flight within ``grace_s``)."""
         self.state, self.grace_s = state, grace_s
-        for ident in self.identities:
+        for ident in self._everyone():
             self._send(ident, "state", (state, grace_s))
+
+    def _everyone(self) -> list[str]:
+        """The expected front ends and those that joined (a shared engine's)."""
+        return list(dict.fromkeys([*self.identities, *self._ends]))
 
     def restarted(self, ident: str) -> None:
         """The front end ``ident`` died and is started again. Its calls' clients are gone with it:
@@ -189,7 +199,10 @@ class EngineLink:
         ident = self._names.pop(end, None)
         if ident is not None and self._ends.get(ident) is end:
             del self._ends[ident]
-            self.lost.set()
+            if ident in self.identities:
+                self.lost.set()
+            else:  # one that joined a shared engine: nobody waits for its calls
+                self.restarted(ident)
 
     def _on(self, end: _Frames, kind: str, value) -> None:
         if kind == "hello":  # a front end starting: it listens once it can score, if it can
@@ -421,10 +434,12 @@ async def serve_split(args: Settings, signals, n: int) -> int:
 
 
 class FrontLink:
-    """A front end's end: a connection to the engine process's socket, one future per call."""
+    """A front end's end: a connection to the engine process's socket, one future per call;
+    ``identity`` says which front end it is (``frontend-<i>``, or any other name on a shared
+    engine)."""
 
-    def __init__(self, index: int) -> None:
-        self.index = index
+    def __init__(self, identity: str) -> None:
+        self.identity = identity
         self.states: asyncio.Queue[tuple[str, object]] = asyncio.Queue()
         self._calls: dict[int, asyncio.Future] = {}
         self._ids = itertools.count()
@@ -436,7 +451,7 @@ class FrontLink:
         _, self._end = await asyncio.get_running_loop().create_unix_connection(
             lambda: _Frames(self._on, self._gone), path
         )
-        self.send("hello", frontend_identity(self.index))
+        self.send("hello", self.identity)
 
     def send(self, kind: str, value) -> None:
         self._end.send(kind, value)
@@ -501,7 +516,7 @@ async def _frontend(args: Settings, address: str, index: int, parent: int) -> No
     from .app import NOT_SERVING, SERVING, _set_health, _start_http, _stop_accepting, grpc_server
     from .servicer import ScorerServicer
 
-    link = FrontLink(index)
+    link = FrontLink(frontend_identity(index))
     await link.connect(address)
     handler = CallHandler(max_message_bytes=args.max_message_bytes)
     health = health_aio.HealthServicer()
@@ -578,17 +593,21 @@ class EngineProcess:
     device work hold the child's interpreter lock (what ``--frontends`` does for ``scorer
     serve``). The child's metrics go to ``dir`` (prometheus-client's multiprocess mode), which the
     replica's /metrics serves with its own. The child exits when this process's connection to it
-    closes, so a replica killed outright takes its engine (and its GPU memory) with it."""
+    closes, so a replica killed outright takes its engine (and its GPU memory) with it.
 
-    def __init__(self, settings: Settings) -> None:
+    With ``shared``, other processes of the host may join the engine at ``path`` as front ends of
+    their own (``attach``): the Ray replicas of ``engine_process=shared``, whose engine is a
+    deployment of its own."""
+
+    def __init__(self, settings: Settings, shared: bool = False) -> None:
         self.settings = settings
         self.dir = tempfile.mkdtemp(prefix="scorer-engine-")
         self.path = os.path.join(self.dir, "engine.sock")
-        self.link = FrontLink(0)
+        self.link = FrontLink(frontend_identity(0))
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = self.dir  # the child's, from its first import on
         try:
             self.proc = multiprocessing.get_context("spawn").Process(
-                target=engine_main, args=(settings, self.path), name="scorer-engine", daemon=True
+                target=engine_main, args=(settings, self.path, shared), name="scorer-engine", daemon=True
             )
             self.spawned = time.monotonic()
             self.proc.start()
@@ -609,18 +628,7 @@ class EngineProcess:
             except (FileNotFoundError, ConnectionRefusedError):
                 await asyncio.sleep(0.05)
         listening = time.monotonic()
-        while True:
-            self._check(give_up)
-            try:
-                kind, value = await asyncio.wait_for(self.link.states.get(), 0.5)
-            except TimeoutError:
-                continue
-            if kind == "ready":
-                break
-        service = RemoteScoring(
-            Tokenizing(load_tokenizer(value.model_dir), value), self.link, self.settings.knobs()
-        )
-        self.link.send("ready", None)
+        service = await attach(self.link, self.settings, lambda: self._check(give_up))
         now = time.monotonic()
         log.info(  # where a replica's start goes: the child's interpreter and imports, then the engine
             "engine process %d ready %.1f s after it was started: %.1f s to its first line (interpreter,"
@@ -649,19 +657,37 @@ class EngineProcess:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def engine_main(settings: Settings, path: str) -> None:
+async def attach(link: FrontLink, settings: Settings, check: Callable[[], None]) -> RemoteScoring:
+    """The service that tokenizes in this process and scores through ``link`` (connected), once
+    the engine says it is warm; ``check`` raises while waiting if waiting is no longer worth it."""
+    while True:
+        check()
+        if link.gone:
+            raise RuntimeError("the engine process closed the link before it was ready")
+        try:
+            kind, value = await asyncio.wait_for(link.states.get(), 0.5)
+        except TimeoutError:
+            continue
+        if kind == "ready":
+            break
+    service = RemoteScoring(Tokenizing(load_tokenizer(value.model_dir), value), link, settings.knobs())
+    link.send("ready", None)
+    return service
+
+
+def engine_main(settings: Settings, path: str, shared: bool = False) -> None:
     """The child of ``EngineProcess`` (``multiprocessing``'s target)."""
     from .app import configure_logging
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # its front end decides when it stops
     configure_logging(settings.log_level, "engine ")
-    asyncio.run(_engine_for_one(settings, path))
+    asyncio.run(_engine_for_one(settings, path, shared))
 
 
-async def _engine_for_one(settings: Settings, path: str) -> None:
+async def _engine_for_one(settings: Settings, path: str, shared: bool) -> None:
     from .scoring import ready_engine
 
-    link = EngineLink(path, 1)
+    link = EngineLink(path, 1, shared)
     await link.start()
     service = None
     try:

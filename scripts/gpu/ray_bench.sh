@@ -2,7 +2,7 @@
 # Run 2 on the GPU machine, within 30 s of ray_unpack.sh (run 1), with the FlashInfer kit (.gpu/):
 # one Ray Serve replica (num_gpus 1, FlashInfer, CUDA graphs, fused kernels) behind each of Ray's
 # ingresses of CONFIGS against `scorer serve` on the same checkpoint and the same calls, in this one run:
-#   1. capacity sweeps (open loop, rates x1.08 apart, STEP s each) and p50/p99 at 10% of
+#   1. capacity sweeps (open loop, rates x1.08 apart or RATE_STEP, STEP s each) and p50/p99 at 10% of
 #      `scorer serve`'s capacity, workloads A (300-token prompt + 10 x 50-token docs, token ids)
 #      and E (200 + 20 x 60), first `scorer serve`, then Ray in each configuration:
 #        proxy    Serve's Python gRPC proxy, calling the replica over gRPC (the default before
@@ -11,8 +11,11 @@
 #                 gRPC server (direct ingress), RAY_SERVE_THROUGHPUT_OPTIMIZED's switches
 #        haproxy-xN  the same with N replicas sharing the GPU (num_gpus 1/N each, an engine process
 #                 each): more host processes for the calls, the GPU time-sliced between them
+#        shared-xN  the same ingress, engine_process=shared: N Scorer replicas (front ends, no GPU)
+#                 joining one Engine replica (num_gpus 1) whose engine process batches all their calls
 #   2. the fault run, on the last configuration: Ray at 50% of its capacity on E, the replica's
-#      process SIGKILLed after KILL_AT s; the load tool's per-second timeline shows the dip and
+#      process SIGKILLed after KILL_AT s (with shared-xN, the Engine replica's: FAULT_DEPLOYMENT=Scorer
+#      kills a front end instead); the load tool's per-second timeline shows the dip and
 #      the recovery;
 #   3. the HTTP rerank routes (Cohere, Jina, TEI shapes) through that configuration's HTTP
 #      ingress, once each.
@@ -46,14 +49,21 @@ CONFIGS="${CONFIGS:-proxy haproxy}"
 config_env() {  # CONFIG: its Ray switches, VAR=VALUE ... (over scorer.ray_serve.RAY_ENV, which ray_local sets)
   case "$1" in
     proxy) echo RAY_SERVE_ENABLE_HA_PROXY=0 RAY_SERVE_THROUGHPUT_OPTIMIZED=0 ;;
-    haproxy | haproxy-x[0-9]*) ;;
+    haproxy | haproxy-x[0-9]* | shared-x[0-9]*) ;;
     *) echo "unknown Ray configuration $1" >&2; exit 1 ;;
   esac
 }
-config_replicas() {  # CONFIG: ray_local's replica flags (haproxy-xN: N replicas on the one GPU)
+config_replicas() {  # CONFIG: ray_local's replica flags and application arguments
   case "$1" in
     haproxy-x[0-9]*) local n=${1#haproxy-x}; echo "--replicas $n --num-gpus $(python3 -c "print(1 / $n)")" ;;
+    shared-x[0-9]*) echo "--replicas ${1#shared-x} --num-gpus 1 engine_process=shared" ;;
     *) echo "--num-gpus 1" ;;
+  esac
+}
+fault_deployment() {  # CONFIG: whose process the fault run kills (the replica that holds the GPU)
+  case "$1" in
+    shared-x[0-9]*) echo "${FAULT_DEPLOYMENT:-Engine}" ;;
+    *) echo Scorer ;;
   esac
 }
 R=/tmp/ray-bench/reports  # archived into $OUT/reports.tgz after each report (the tool returns 8 files)
@@ -65,7 +75,7 @@ rates() { python3 -c "
 lo, hi = map(float, '$1'.split(':'))
 out = []
 while lo <= hi * 1.0001:
-    out.append(f'{lo:.0f}'); lo *= 1.08
+    out.append(f'{lo:.0f}'); lo *= ${RATE_STEP:-1.08}
 print(','.join(out))"; }
 share() {  # NAME FRACTION: that fraction of the sweep NAME's capacity, in calls/s
   python3 -c "
@@ -166,26 +176,29 @@ half=${FAULT_ONLY:-$(share "ray-$last-E" 0.5)}
 
 if [ -z "${SKIP_FAULT:-}" ]; then
 # 2. the fault run
-replica=$(pgrep -f '^ray::ServeReplica:scorer:Scorer' | head -1)
-[ -n "$replica" ] || { echo "no replica process found" >&2; exit 1; }
+victim=$(fault_deployment "$last")
+replica=$(pgrep -f "^ray::ServeReplica:scorer:$victim" | head -1)
+[ -n "$replica" ] || { echo "no $victim replica process found" >&2; exit 1; }
+# calls answered by the replica of port 9464, or computed by it (a shared engine's replica)
 calls() { python3 -c "
 import urllib.request
 text = urllib.request.urlopen('$METRICS', timeout=5).read().decode()
-print(int(sum(float(x.split()[-1]) for x in text.splitlines() if x.startswith('scorer_requests_total{'))))"; }
+count = lambda name: sum(float(x.split()[-1]) for x in text.splitlines() if x.startswith(name))
+print(int(max(count('scorer_requests_total{'), count('scorer_batch_requests_sum'))))"; }
 before=$(calls)
 (
   for _ in $(seq 300); do  # until the load tool's first call is in (60 s at most)
     [ "$(calls || echo 0)" -gt "$before" ] && break
     sleep 0.2
   done
-  sleep "$KILL_AT" && kill -9 "$replica" && echo "killed replica pid $replica ${KILL_AT} s after the first call"
+  sleep "$KILL_AT" && kill -9 "$replica" && echo "killed $victim replica pid $replica ${KILL_AT} s after the first call"
 ) &
 killer=$!
 # no --metrics-url: the replica's counts die with it
 load "ray-$last-E-fault" 127.0.0.1:9000 /tmp/E.jsonl --rate "$half" --duration "$FAULT_S"
 wait $killer
-new=$(pgrep -f '^ray::ServeReplica:scorer:Scorer' | head -1)
-[ -n "$new" ] && [ "$new" != "$replica" ] || { echo "Serve started no new replica" >&2; exit 1; }
+new=$(pgrep -f "^ray::ServeReplica:scorer:$victim" | head -1)
+[ -n "$new" ] && [ "$new" != "$replica" ] || { echo "Serve started no new $victim replica" >&2; exit 1; }
 wait_serving 127.0.0.1:9000 $ray_pid "$OUT/ray-$last.log"  # the new replica serves (if the run ended first)
 fi
 
@@ -197,11 +210,11 @@ done
 stop_ray
 
 # the tables: side by side, the fault run's timeline
-python3 - "$R" "$KILL_AT" "$last" $CONFIGS >"$OUT/ray_bench.md" <<'PY'
+python3 - "$R" "$KILL_AT" "$last" "$(fault_deployment "$last")" $CONFIGS >"$OUT/ray_bench.md" <<'PY'
 import json, os, sys
 from pathlib import Path
 
-r, kill_at, last, configs = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4:]
+r, kill_at, last, victim, configs = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
 rep = lambda name: json.loads((r / name / "report.json").read_text())
 ms = lambda v: "-" if v is None else f"{v * 1e3:.1f}"
 for cfg in configs:
@@ -231,7 +244,7 @@ for w in "AE":
 if (r / f"ray-{last}-E-fault").exists():  # not with SKIP_FAULT=1
     fault = rep(f"ray-{last}-E-fault")
     print(f"\nFault run, ray-{last}: {fault['offered_rps']:.0f} calls/s offered on E (50% of Ray's capacity), "
-          f"the replica SIGKILLed {kill_at} s after its first call; calls {fault['requests']}, by code "
+          f"the {victim} replica SIGKILLed {kill_at} s after its first call; calls {fault['requests']}, by code "
           f"{fault['by_code']}\n")
     for code, msg in fault.get("error_examples", {}).items():
         print(f"- `{code}`: {msg[:160]}")

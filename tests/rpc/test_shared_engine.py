@@ -1,0 +1,82 @@
+"""The engine process of ``engine_process=shared`` without Ray: its owner (the Engine replica)
+starts it, other processes' front ends join it at its socket and leave it at any time, and it stops
+with its owner. Here the front ends are links in this process, as a Ray front-end replica's is."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from scorer.models.tiny import ensure_tiny_model
+from scorer.request import Doc, ScoreRequest
+from scorer.server.batcher import Closed
+from scorer.server.frontends import EngineProcess, FrontLink, attach
+from scorer.settings import Settings
+
+FORWARD_S = 0.3  # every batch sleeps this long first: a call is still on the engine when its front end goes
+REQUEST = ScoreRequest("which passage explains caching", (Doc("keys are computed once"), Doc("yeast")))
+
+
+def _settings(model_dir: Path) -> Settings:
+    delay_ms = FORWARD_S * 1e3
+    return Settings(model=str(model_dir), device="cpu", max_wait_ms=20, debug_forward_delay_ms=delay_ms)
+
+
+async def _join(engine: EngineProcess, settings: Settings, name: str):
+    link = FrontLink(name)
+    await link.connect(engine.path)
+    return link, await attach(link, settings, lambda: None)
+
+
+async def _score(service, request_id: str):
+    job, _ = await service.tokenize(REQUEST)
+    return await service.score(job, time.monotonic() + 30, request_id)
+
+
+def test_front_ends_join_share_batches_leave_and_the_engine_stops_with_its_owner(scorer_cache, engine):
+    settings = _settings(ensure_tiny_model(scorer_cache))
+    want = [d.score for d in engine.score(REQUEST).results]
+
+    async def run() -> None:
+        shared = EngineProcess(settings, shared=True)
+        owner = await shared.start()
+        try:
+            (a, front_a), (b, front_b) = [await _join(shared, settings, f"replica-{n}") for n in "ab"]
+            # both front ends' calls, sent together, meet in the engine's batches
+            calls = [_score(s, f"{n}-{i}") for i in range(3) for n, s in (("a", front_a), ("b", front_b))]
+            scored = await asyncio.gather(*calls)
+            for s in scored:
+                assert [d.score for d in s.result.results] == pytest.approx(want, abs=1e-4)
+            assert max(s.batch_requests for s in scored) >= 2
+
+            # a front end that leaves with a call on the engine: the engine drops it and goes on
+            leaving = asyncio.create_task(_score(front_a, "leaving"))
+            await asyncio.sleep(0.05)
+            await a.close()
+            with pytest.raises(Closed):
+                await leaving
+            assert shared.alive()
+            again = await _score(front_b, "after")
+            assert [d.score for d in again.result.results] == pytest.approx(want, abs=1e-4)
+
+            # a front end that joins late is served at once
+            c, front_c = await _join(shared, settings, "replica-c")
+            late = await _score(front_c, "late")
+            assert [d.score for d in late.result.results] == pytest.approx(want, abs=1e-4)
+        finally:
+            await owner.close()
+            await shared.close()  # the owner's link closes: the engine process exits
+        assert not shared.proc.is_alive() and shared.proc.exitcode == 0
+        for link in (b, c):  # the front ends still joined learn that nothing will answer
+            for _ in range(100):
+                if link.gone:
+                    break
+                await asyncio.sleep(0.02)
+            assert link.gone
+            with pytest.raises(Closed):
+                await _score(front_b if link is b else front_c, "gone")
+
+    asyncio.run(run())

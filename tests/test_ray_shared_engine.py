@@ -1,0 +1,256 @@
+"""``engine_process=shared`` on Ray Serve, on the CPU: an application of two Scorer replicas (front
+ends: Ray's calls, tokenizing) and one Engine replica (the engine, in a child process), on the
+session's Ray; every forward batch sleeps ``FORWARD_S`` (the forward-delay test knob), so calls
+are on the engine when a process dies.
+
+- Both front ends serve, every call is computed by the one engine (its batches count them all),
+  and each call scores as the engine alone scores it.
+- A front end's process SIGKILLed under load: nothing outlives its deadline, its calls fail with
+  the documented code, the other front end serves on, and Serve's new front end joins the same
+  engine process.
+- The Engine replica's process SIGKILLed under load: its engine process goes with it, calls fail
+  in time, Serve replaces the Engine and both front ends (their health check finds their link
+  gone), and calls succeed again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import urllib.error
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+from ray import serve
+from ray_app import (
+    APP,
+    DIED,
+    DIED_CODE,
+    Load,
+    RayApp,
+    engine_pids,
+    free_port,
+    listening_ports,
+    replica_pids,
+    scrape,
+    wait_for_applications,
+)
+
+from scorer.ray_serve import EngineDeployment, ScorerArgs, deployment_for
+from scorer.request import Doc, ScoreOptions, ScoreRequest
+from scorer.runtime import build_engine
+from scorer.v1 import scorer_pb2 as pb
+from scorer.v1 import scorer_pb2_grpc
+
+pytestmark = pytest.mark.slow
+SHARED = "shared"
+FORWARD_S = 0.1
+BURST, PERIOD_S = 4, 0.4  # 10 calls/s; a batch holds what arrived during the one before
+DEADLINE_S = 5.0
+STEADY_S = 3.0
+RECOVERED_S = 3.0
+PROMPT = "which passage explains prefix caching"
+DOCS = (
+    ("a", "the prompt is computed once and its keys and values are shared"),
+    ("b", "bread rises when yeast ferments"),
+)
+SCHEME = "ragged"
+
+
+@dataclass(frozen=True)
+class Shared:
+    channel: grpc.Channel
+    metrics_ports: range
+    expected: list[float]
+
+    def load(self) -> Load:
+        stub = scorer_pb2_grpc.ScorerStub(self.channel)
+        return Load(stub, _request, SHARED, DEADLINE_S, burst=BURST, period_s=PERIOD_S)
+
+    def ports(self, deployment: str = "Scorer") -> dict[int, int]:
+        """pid -> metrics port of each replica of the deployment that has opened its /metrics."""
+        pids = replica_pids(SHARED, deployment)
+        found = {pid: listening_ports(pid) & set(self.metrics_ports) for pid in pids}
+        return {pid: min(ports) for pid, ports in found.items() if ports}
+
+    def metric(self, port: int, name: str, **labels: str) -> float:
+        return scrape(f"http://127.0.0.1:{port}/metrics", name, **labels)
+
+    def served(self, port: int) -> float:
+        return self.metric(port, "scorer_requests_total", code="OK")
+
+    def computed(self, port: int) -> float:
+        """Calls the engine behind this metrics port has run in its batches."""
+        return self.metric(port, "scorer_batch_requests_sum")
+
+
+def _request(i: int) -> pb.ScoreDocsRequest:
+    return pb.ScoreDocsRequest(
+        prompt=PROMPT,
+        docs=[pb.Doc(id=doc_id, text=text) for doc_id, text in DOCS],
+        options=pb.ScoreOptions(scheme=SCHEME),
+        request_id=f"shared-{i}",
+    )
+
+
+@pytest.fixture(scope="module")
+def shared(ray_app: RayApp) -> Iterator[Shared]:
+    engine = build_engine(ray_app.model_dir, device="cpu")
+    request = ScoreRequest(
+        PROMPT, tuple(Doc(text, doc_id) for doc_id, text in DOCS), options=ScoreOptions(scheme=SCHEME)
+    )
+    expected = [d.score for d in engine.score(request).results]
+    first_port = free_port()
+    args = ScorerArgs(
+        model=str(ray_app.model_dir),
+        device="cpu",
+        engine_process="shared",
+        max_wait_ms=20,
+        debug_forward_delay_ms=FORWARD_S * 1e3,
+        metrics_host="127.0.0.1",
+        metrics_port=first_port,
+    )
+    # no CPU reserved: the session's Ray has 2, and the shared application's replica holds one
+    no_cpu = {"num_cpus": 0}
+    engine_app = EngineDeployment.options(ray_actor_options=no_cpu).bind(args.model_dump())
+    fronts = deployment_for(args).options(num_replicas=2, ray_actor_options=no_cpu)
+    serve.run(fronts.bind(args.model_dump(), engine_app), name=SHARED, route_prefix=f"/{SHARED}")
+    with grpc.insecure_channel(ray_app.grpc_target) as channel:
+        wait_for_applications(channel, {APP, SHARED})
+        try:
+            yield Shared(channel, range(first_port, first_port + args.metrics_port_tries), expected)
+        finally:
+            serve.delete(SHARED)
+            wait_for_applications(channel, {APP})  # the other Ray tests call without application metadata
+
+
+def _assert_scores(shared: Shared, calls) -> None:
+    for c in calls:
+        if c.code == grpc.StatusCode.OK:
+            scores = [r.score for r in c.future.result().results]
+            assert scores == pytest.approx(shared.expected, abs=1e-4), c.future.result().request_id
+
+
+def _wait(condition, timeout_s: float, what: str, every_s: float = 0.05):
+    give_up = time.monotonic() + timeout_s
+    while not (value := condition()):
+        assert time.monotonic() < give_up, what
+        time.sleep(every_s)
+    return value
+
+
+def _the_engine(shared: Shared) -> tuple[int, int, int]:
+    """(Engine replica pid, its engine process pid, its metrics port), once it has them."""
+    (replica, port) = _wait(lambda: list(shared.ports("Engine").items()), 60, "no Engine replica")[0]
+    (child,) = engine_pids(replica)
+    return replica, child, port
+
+
+def _serving(shared: Shared, old: set[int]) -> dict[int, int] | None:
+    """The front ends, once two are up and every one not in ``old`` has answered a call OK."""
+    fronts = shared.ports()
+    new = [port for pid, port in fronts.items() if pid not in old]
+    try:
+        return fronts if len(fronts) == 2 and new and all(shared.served(p) > 0 for p in new) else None
+    except urllib.error.URLError:  # its /metrics is not up yet
+        return None
+
+
+def test_two_front_ends_share_one_engine_and_score_as_the_engine_alone(shared):
+    fronts = shared.ports()
+    assert len(fronts) == 2, fronts
+    assert all(not engine_pids(pid) for pid in fronts)  # no engine of their own
+    _, _, engine_port = _the_engine(shared)
+    before = {port: shared.served(port) for port in fronts.values()}
+    computed = shared.computed(engine_port)
+
+    with shared.load() as load:
+        time.sleep(STEADY_S)
+
+    calls = load.calls
+    assert {c.code for c in calls} == {grpc.StatusCode.OK}, [c.future.details() for c in calls]
+    _assert_scores(shared, calls)
+    served = {port: shared.served(port) - n for port, n in before.items()}
+    assert sum(served.values()) == len(calls) and min(served.values()) > 0, served
+    assert shared.computed(engine_port) - computed == len(calls)  # one engine ran them all
+    print(f"\n{len(calls)} calls in {STEADY_S:g} s, OK per front end's metrics port: {served}")
+
+
+def test_a_front_end_killed_under_load_the_other_serves_and_the_new_one_joins_the_same_engine(shared):
+    fronts = shared.ports()
+    engine_replica, engine, _ = _the_engine(shared)
+    victim = min(fronts)
+    (survivor,) = set(fronts) - {victim}
+
+    with shared.load() as load:
+        time.sleep(1.0)
+        holds = lambda: shared.metric(fronts[victim], "scorer_inflight_requests") >= 1  # noqa: E731
+        _wait(holds, 10, "the victim held no call")
+        os.kill(victim, signal.SIGKILL)
+        killed = time.monotonic()
+        at_kill = shared.served(fronts[survivor])
+        after = _wait(lambda: _serving(shared, set(fronts)), 120, "no new front end served in 2 minutes", 0.1)
+        recovered = time.monotonic()
+        in_outage = shared.served(fronts[survivor]) - at_kill
+        time.sleep(RECOVERED_S)
+    calls = load.calls
+
+    assert max(c.ended - c.sent for c in calls) < DEADLINE_S + 0.5
+    failed = [c for c in calls if c.code != grpc.StatusCode.OK]
+    assert {c.code for c in failed} <= {
+        DIED_CODE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    }, {(c.code, c.future.details()) for c in failed}
+    died = [c for c in failed if c.code == DIED_CODE]
+    assert all(DIED.match(c.future.details()) and c.sent < killed for c in died)
+    _assert_scores(shared, calls)
+    assert in_outage > 0
+    assert victim not in after and survivor in after
+    assert _the_engine(shared)[:2] == (engine_replica, engine)  # the same engine process serves on
+    last = [c for c in calls if c.sent > calls[-1].sent - 1.0]
+    assert all(c.code == grpc.StatusCode.OK for c in last), [c.code for c in last]
+    print(
+        f"\n{len(calls)} calls, {len(died)} {DIED_CODE.name} (on the victim), {len(failed) - len(died)} other"
+        f" failures; a new front end answered {recovered - killed:.1f} s after the kill; the survivor"
+        f" answered {in_outage:g} calls meanwhile"
+    )
+
+
+def test_the_engine_killed_under_load_serve_replaces_it_and_its_front_ends_and_calls_succeed_again(shared):
+    fronts = shared.ports()
+    engine_replica, engine, _ = _the_engine(shared)
+
+    with shared.load() as load:
+        time.sleep(1.0)
+        os.kill(engine_replica, signal.SIGKILL)
+        killed = time.monotonic()
+        _wait(lambda: load.first_answer(after=killed + 1.0), 180, "no call succeeded within 3 minutes", 0.1)
+        recovered = time.monotonic()
+        _wait(lambda: not set(fronts) & replica_pids(SHARED), 60, "a front end of the dead engine stayed")
+        time.sleep(RECOVERED_S)
+    calls = load.calls
+
+    assert max(c.ended - c.sent for c in calls) < DEADLINE_S + 0.5
+    failed = {c.code for c in calls if c.code != grpc.StatusCode.OK}
+    assert grpc.StatusCode.UNAVAILABLE in failed, failed
+    assert failed <= {
+        grpc.StatusCode.UNAVAILABLE,  # on a front end when the engine died, or sent to one after
+        grpc.StatusCode.INTERNAL,  # on a front end when Serve stopped it
+        grpc.StatusCode.DEADLINE_EXCEEDED,  # waiting for a replica
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    }, failed
+    assert not Path(f"/proc/{engine}").exists()  # the engine process went with its replica
+    new_replica, new_engine, _ = _the_engine(shared)
+    assert new_replica != engine_replica and new_engine != engine
+    _assert_scores(shared, calls)
+    last = [c for c in calls if c.sent > calls[-1].sent - 1.0]
+    assert all(c.code == grpc.StatusCode.OK for c in last), [c.code for c in last]
+    print(
+        f"\n{len(calls)} calls, failed {sorted(c.name for c in failed)}; calls succeeded again "
+        f"{recovered - killed:.1f} s after the kill"
+    )
