@@ -44,7 +44,7 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, dict[str, str]]:
     p.add_argument("--num-cpus", type=int, help="CPUs of the local Ray (default: all)")
     p.add_argument("--quiet", action="store_true", help="the replicas' logs stay in Ray's log files")
     p.add_argument("args", nargs="*", metavar="KEY=VALUE", help="ScorerArgs of the application")
-    ns = p.parse_args(argv)
+    ns = p.parse_intermixed_args(argv)  # KEY=VALUE before or after the flags
     app_args = {}
     for item in ns.args:
         key, sep, value = item.partition("=")

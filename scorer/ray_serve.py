@@ -246,6 +246,8 @@ class ScorerDeployment:
 async def _join(settings: Settings, engine: DeploymentHandle) -> tuple[FrontLink, RemoteScoring]:
     """Join the shared engine that the Engine deployment runs on this replica's node: this process
     takes Ray's calls and tokenizes, the engine process batches them with its other front ends'."""
+    if engine._router is None:  # an Engine replica on this node first, if there is one
+        engine._init(_prefer_local_routing=True)  # (Ray 2.60 names no public way to ask this)
     node, path = await engine.address.remote()
     here = ray.get_runtime_context().get_node_id()
     if node != here:

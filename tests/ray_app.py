@@ -5,8 +5,10 @@ open-loop load through the proxy."""
 
 from __future__ import annotations
 
+import os
 import random
 import re
+import signal
 import socket
 import threading
 import time
@@ -283,3 +285,19 @@ def engine_pids(replica: int) -> set[int]:
         except OSError:
             continue
     return out
+
+
+def kill(pid: int, timeout_s: float = 5.0) -> float:
+    """SIGKILL the process and return when it was seen dead (gone, or a zombie): ``os.kill``
+    returns before the kernel has torn it down, and a call sent in between still reaches it."""
+    os.kill(pid, signal.SIGKILL)
+    give_up = time.monotonic() + timeout_s
+    while time.monotonic() < give_up:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            break
+        if state in ("Z", "X"):
+            break
+        time.sleep(0.001)
+    return time.monotonic()

@@ -12,8 +12,6 @@ process of its own (``engine_process``, on by default with a GPU).
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,6 +28,7 @@ from ray_app import (
     RayApp,
     engine_pids,
     free_port,
+    kill,
     replica_pids,
     scrape,
     wait_for_applications,
@@ -151,8 +150,7 @@ def test_a_replica_killed_under_load_fails_its_calls_in_time_and_serves_again(sl
     assert len(engines) == slow_app.engine_process
     with Load(slow_app.stub(), lambda i: _request(f"load-{i}"), SLOW, DEADLINE_S, period_s=1 / RATE) as load:
         time.sleep(3.0)
-        os.kill(pid, signal.SIGKILL)
-        killed = time.monotonic()
+        killed = kill(pid)
         while not (recovered := load.first_answer(after=killed)):
             assert time.monotonic() - killed < 120, "no call succeeded on a new replica within 2 minutes"
             time.sleep(0.05)
@@ -188,8 +186,7 @@ def test_a_replica_whose_engine_process_dies_is_replaced(slow_app):
         slow_app.stub(), lambda i: _request(f"engine-{i}"), SLOW, DEADLINE_S, period_s=1 / RATE
     ) as load:
         time.sleep(2.0)
-        os.kill(engine, signal.SIGKILL)
-        killed = time.monotonic()
+        killed = kill(engine)
         while not (recovered := load.first_answer(after=killed + 1.0)):
             assert time.monotonic() - killed < 120, "no call succeeded on a new replica within 2 minutes"
             time.sleep(0.05)

@@ -16,8 +16,6 @@ and the pair twice that, whatever the CPU. The load is half of it: ``BURST`` cal
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 import urllib.error
 from collections.abc import Iterator
@@ -34,6 +32,7 @@ from ray_app import (
     RayApp,
     Sent,
     free_port,
+    kill,
     listening_ports,
     replica_pids,
     scrape,
@@ -180,8 +179,7 @@ def test_one_replica_killed_under_load_the_other_serves_and_serve_brings_it_back
         _wait(
             lambda: pair.metric(victim_port, "scorer_inflight_requests") >= 2, 10, "the victim held no calls"
         )
-        os.kill(victim, signal.SIGKILL)
-        killed = time.monotonic()
+        killed = kill(victim)
         survivor_at_kill = pair.served(survivor_port)
         after = _wait(lambda: _serving(pair, set(replicas)), 120, "no new replica served in 2 minutes", 0.1)
         recovered = time.monotonic()

@@ -15,8 +15,6 @@ are on the engine when a process dies.
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 import urllib.error
 from collections.abc import Iterator
@@ -34,6 +32,7 @@ from ray_app import (
     RayApp,
     engine_pids,
     free_port,
+    kill,
     listening_ports,
     replica_pids,
     scrape,
@@ -190,8 +189,7 @@ def test_a_front_end_killed_under_load_the_other_serves_and_the_new_one_joins_th
         time.sleep(1.0)
         holds = lambda: shared.metric(fronts[victim], "scorer_inflight_requests") >= 1  # noqa: E731
         _wait(holds, 10, "the victim held no call")
-        os.kill(victim, signal.SIGKILL)
-        killed = time.monotonic()
+        killed = kill(victim)
         at_kill = shared.served(fronts[survivor])
         after = _wait(lambda: _serving(shared, set(fronts)), 120, "no new front end served in 2 minutes", 0.1)
         recovered = time.monotonic()
@@ -227,8 +225,7 @@ def test_the_engine_killed_under_load_serve_replaces_it_and_its_front_ends_and_c
 
     with shared.load() as load:
         time.sleep(1.0)
-        os.kill(engine_replica, signal.SIGKILL)
-        killed = time.monotonic()
+        killed = kill(engine_replica)
         _wait(lambda: load.first_answer(after=killed + 1.0), 180, "no call succeeded within 3 minutes", 0.1)
         recovered = time.monotonic()
         _wait(lambda: not set(fronts) & replica_pids(SHARED), 60, "a front end of the dead engine stayed")
