@@ -219,6 +219,24 @@ def test_the_kuberay_manifest_asks_for_two_gpu_replicas_one_per_worker_pod():
     assert grpc_service["spec"]["selector"].items() <= labels.items()
 
 
+def test_the_one_host_config_binds_front_ends_to_an_engine_that_holds_the_gpu():
+    """deploy/ray/serve-one-host.yaml: engine_process=shared, the Scorer front ends without a GPU,
+    the Engine with one, and build_app binds exactly those two deployments."""
+    config = ServeDeploySchema.model_validate(
+        yaml.safe_load((ROOT / "deploy/ray/serve-one-host.yaml").read_text())
+    )
+    (app,) = config.applications
+    assert (app.name, app.import_path, app.route_prefix) == (APP, "scorer.ray_serve:build_app", "/scorer")
+    args = ScorerArgs.model_validate(app.args)
+    assert args.engine_process == "shared"
+    options = {d.name: d for d in app.deployments}
+    assert options["Scorer"].ray_actor_options.num_gpus == 0
+    assert options["Engine"].ray_actor_options.num_gpus == 1
+    bound = build_app(args)
+    (engine,) = bound._bound_deployment.init_args[1:]  # no public accessor
+    assert {bound._bound_deployment.name, engine._bound_deployment.name} == set(options)
+
+
 def test_a_replica_holds_as_many_calls_as_its_batcher_queues():
     """Calls beyond ``max_ongoing_requests`` wait in Ray's router, outside any batch."""
     app = build_app(ScorerArgs(max_queue=100))
