@@ -26,7 +26,16 @@ from ray import serve
 from ray.serve.generated import serve_pb2, serve_pb2_grpc
 
 from scorer.models.tiny import ensure_tiny_model
-from scorer.ray_serve import HAPROXY_PORT_VARS, RAY_ENV, ScorerArgs, build_app, grpc_options, stop_haproxy
+from scorer.ray_serve import (
+    HAPROXY_PORT_VARS,
+    RAY_ENV,
+    EngineDeployment,
+    ScorerArgs,
+    build_app,
+    deployment_for,
+    grpc_options,
+    stop_haproxy,
+)
 from scorer.v1 import scorer_pb2 as pb
 from scorer.v1 import scorer_pb2_grpc
 
@@ -301,3 +310,114 @@ def kill(pid: int, timeout_s: float = 5.0) -> float:
             break
         time.sleep(0.001)
     return time.monotonic()
+
+
+Docs = tuple[tuple[str, str], ...]
+"""A call's docs: (id, text) pairs."""
+
+
+@dataclass(frozen=True)
+class LoadedApp:
+    """A second application on the session's Ray that tests put load on: one call (``prompt`` and
+    ``docs``, (id, text) pairs, scored with ``scheme``) sent again and again, its scores from the
+    engine in this process, and the range its replicas' /metrics ports come from (each replica
+    takes the first free one)."""
+
+    name: str
+    channel: grpc.Channel
+    metrics_ports: range
+    prompt: str
+    docs: Docs
+    scheme: str
+    expected: list[float]
+
+    def request(self, i: int) -> pb.ScoreDocsRequest:
+        return pb.ScoreDocsRequest(
+            prompt=self.prompt,
+            docs=[pb.Doc(id=doc_id, text=text) for doc_id, text in self.docs],
+            options=pb.ScoreOptions(scheme=self.scheme),
+            request_id=f"{self.name}-{i}",
+        )
+
+    def load(self, deadline_s: float, burst: int, period_s: float) -> Load:
+        stub = scorer_pb2_grpc.ScorerStub(self.channel)
+        return Load(stub, self.request, self.name, deadline_s, burst=burst, period_s=period_s)
+
+    def ports(self, deployment: str = "Scorer") -> dict[int, int]:
+        """pid -> metrics port of each replica of the deployment that has opened its /metrics."""
+        pids = replica_pids(self.name, deployment)
+        found = {pid: listening_ports(pid) & set(self.metrics_ports) for pid in pids}
+        return {pid: min(ports) for pid, ports in found.items() if ports}
+
+    def metric(self, port: int, name: str, **labels: str) -> float:
+        return scrape(f"http://127.0.0.1:{port}/metrics", name, **labels)
+
+    def served(self, port: int) -> float:
+        """Calls that replica answered OK since its process started."""
+        return self.metric(port, "scorer_requests_total", code="OK")
+
+    def assert_scores(self, calls: list[Sent], tolerance: float = 1e-4) -> None:
+        """Every call answered OK scored as the engine alone."""
+        for c in calls:
+            if c.code == grpc.StatusCode.OK:
+                scores = [r.score for r in c.future.result().results]
+                assert scores == pytest.approx(self.expected, abs=tolerance), c.future.result().request_id
+
+
+def reference(
+    model_dir: Path, prompt: str, docs: tuple[tuple[str, str], ...], scheme: str
+) -> tuple[list[float], int]:
+    """The call's scores by the engine in this process, and its tokens."""
+    from scorer.request import Doc, ScoreOptions, ScoreRequest
+    from scorer.runtime import build_engine
+
+    engine = build_engine(model_dir, device="cpu")
+    request = ScoreRequest(
+        prompt, tuple(Doc(text, i) for i, text in docs), options=ScoreOptions(scheme=scheme)
+    )
+    return [d.score for d in engine.score(request).results], engine.tokenize(request).tokens
+
+
+def run_loaded(
+    ray_app: RayApp,
+    name: str,
+    app,
+    args: ScorerArgs,
+    prompt: str,
+    docs: Docs,
+    scheme: str,
+    expected: list[float],
+) -> Iterator[LoadedApp]:
+    """A module fixture's body: ``app`` (bound with ``args``) runs as the application ``name`` beside
+    the session's until the module's tests are done."""
+    serve.run(app, name=name, route_prefix=f"/{name}")
+    with grpc.insecure_channel(ray_app.grpc_target) as channel:
+        wait_for_applications(channel, {APP, name})
+        try:
+            ports = range(args.metrics_port, args.metrics_port + args.metrics_port_tries)
+            yield LoadedApp(name, channel, ports, prompt, docs, scheme, expected)
+        finally:
+            serve.delete(name)
+            wait_for_applications(channel, {APP})  # the other Ray tests call without application metadata
+
+
+def shared_engine_app(
+    ray_app: RayApp, name: str, prompt: str, docs: Docs, scheme: str, **knobs
+) -> Iterator[LoadedApp]:
+    """A fixture's body: the application ``name`` with ``engine_process=shared``, two Scorer
+    front ends and one Engine replica (no CPU reserved: the session's Ray has 2, and the shared
+    application's replica holds one), ``knobs`` the rest of its ScorerArgs."""
+    expected, _ = reference(ray_app.model_dir, prompt, docs, scheme)
+    args = ScorerArgs(
+        model=str(ray_app.model_dir),
+        device="cpu",
+        engine_process="shared",
+        metrics_host="127.0.0.1",
+        metrics_port=free_port(),
+        **knobs,
+    )
+    no_cpu = {"num_cpus": 0}
+    engine = EngineDeployment.options(ray_actor_options=no_cpu).bind(args.model_dump())
+    fronts = deployment_for(args).options(num_replicas=2, ray_actor_options=no_cpu)
+    app = fronts.bind(args.model_dump(), engine)
+    yield from run_loaded(ray_app, name, app, args, prompt, docs, scheme, expected)

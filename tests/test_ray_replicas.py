@@ -19,31 +19,21 @@ from __future__ import annotations
 import time
 import urllib.error
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import grpc
 import pytest
-from ray import serve
 from ray_app import (
-    APP,
     DIED,
     DIED_CODE,
-    Load,
+    LoadedApp,
     RayApp,
-    Sent,
     free_port,
     kill,
-    listening_ports,
-    replica_pids,
-    scrape,
-    wait_for_applications,
+    reference,
+    run_loaded,
 )
 
 from scorer.ray_serve import ScorerArgs, deployment_for
-from scorer.request import Doc, ScoreOptions, ScoreRequest
-from scorer.runtime import build_engine
-from scorer.v1 import scorer_pb2 as pb
-from scorer.v1 import scorer_pb2_grpc
 
 pytestmark = pytest.mark.slow
 PAIR = "pair"
@@ -62,86 +52,38 @@ DOCS = (
 SCHEME = "ragged"
 
 
-@dataclass(frozen=True)
-class Pair:
-    channel: grpc.Channel
-    metrics_ports: range  # where the replicas' /metrics listen: the first free port of the range each
-    expected: list[float]  # the engine's scores in this process
-
-    def load(self) -> Load:
-        stub = scorer_pb2_grpc.ScorerStub(self.channel)
-        return Load(stub, _request, PAIR, DEADLINE_S, burst=BURST, period_s=PERIOD_S)
-
-    def replicas(self) -> dict[int, int]:
-        """pid -> metrics port of each replica process that has opened its /metrics."""
-        found = {pid: listening_ports(pid) & set(self.metrics_ports) for pid in replica_pids(PAIR)}
-        return {pid: min(ports) for pid, ports in found.items() if ports}
-
-    def metric(self, port: int, name: str, **labels: str) -> float:
-        return scrape(f"http://127.0.0.1:{port}/metrics", name, **labels)
-
-    def served(self, port: int) -> float:
-        """Calls that replica answered OK since its process started."""
-        return self.metric(port, "scorer_requests_total", code="OK")
-
-
-def _request(i: int) -> pb.ScoreDocsRequest:
-    return pb.ScoreDocsRequest(
-        prompt=PROMPT,
-        docs=[pb.Doc(id=doc_id, text=text) for doc_id, text in DOCS],
-        options=pb.ScoreOptions(scheme=SCHEME),
-        request_id=f"pair-{i}",
-    )
-
-
 @pytest.fixture(scope="module")
-def pair(ray_app: RayApp) -> Iterator[Pair]:
-    engine = build_engine(ray_app.model_dir, device="cpu")
-    request = ScoreRequest(
-        PROMPT, tuple(Doc(text, doc_id) for doc_id, text in DOCS), options=ScoreOptions(scheme=SCHEME)
-    )
-    expected = [d.score for d in engine.score(request).results]
+def pair(ray_app: RayApp) -> Iterator[LoadedApp]:
+    expected, tokens = reference(ray_app.model_dir, PROMPT, DOCS, SCHEME)
     first_port = free_port()
     args = ScorerArgs(
         model=str(ray_app.model_dir),
         device="cpu",
         max_wait_ms=0,
-        max_batch_tokens=engine.tokenize(request).tokens,  # one call a batch
+        max_batch_tokens=tokens,  # one call a batch
         debug_forward_delay_ms=FORWARD_S * 1e3,
         metrics_host="127.0.0.1",
         metrics_port=first_port,
     )
     # no CPU reserved: the session's Ray has 2, and the shared application's replica holds one
     deployment = deployment_for(args).options(num_replicas=2, ray_actor_options={"num_cpus": 0})
-    serve.run(deployment.bind(args.model_dump()), name=PAIR, route_prefix=f"/{PAIR}")
-    with grpc.insecure_channel(ray_app.grpc_target) as channel:
-        wait_for_applications(channel, {APP, PAIR})
-        try:
-            yield Pair(channel, range(first_port, first_port + args.metrics_port_tries), expected)
-        finally:
-            serve.delete(PAIR)
-            wait_for_applications(channel, {APP})  # the other Ray tests call without application metadata
-
-
-def _assert_scores(pair: Pair, calls: list[Sent]) -> None:
-    for c in calls:
-        if c.code == grpc.StatusCode.OK:
-            scores = [r.score for r in c.future.result().results]
-            assert scores == pytest.approx(pair.expected, abs=TOLERANCE), c.future.result().request_id
+    yield from run_loaded(
+        ray_app, PAIR, deployment.bind(args.model_dump()), args, PROMPT, DOCS, SCHEME, expected
+    )
 
 
 def test_two_replicas_split_the_load_and_score_as_the_engine(pair):
-    replicas = pair.replicas()
+    replicas = pair.ports()
     assert len(replicas) == 2, replicas
     before = {port: pair.served(port) for port in replicas.values()}
 
-    with pair.load() as load:
+    with pair.load(DEADLINE_S, BURST, PERIOD_S) as load:
         time.sleep(STEADY_S)
 
     served = {port: pair.served(port) - n for port, n in before.items()}
     calls = load.calls
     assert {c.code for c in calls} == {grpc.StatusCode.OK}, [c.future.details() for c in calls]
-    _assert_scores(pair, calls)
+    pair.assert_scores(calls, TOLERANCE)
     assert sum(served.values()) == len(calls)
     # Serve's router sends each call to the less loaded of two replicas (with two: of both)
     assert min(served.values()) >= len(calls) / 4, served
@@ -156,9 +98,9 @@ def _wait(condition, timeout_s: float, what: str, every_s: float = 0.01):
     return value
 
 
-def _serving(pair: Pair, old: set[int]) -> dict[int, int] | None:
+def _serving(pair: LoadedApp, old: set[int]) -> dict[int, int] | None:
     """The replicas, once one that is not in ``old`` has answered a call OK."""
-    replicas = pair.replicas()
+    replicas = pair.ports()
     new = [port for pid, port in replicas.items() if pid not in old]
     try:
         return replicas if new and pair.served(new[0]) > 0 else None
@@ -167,13 +109,13 @@ def _serving(pair: Pair, old: set[int]) -> dict[int, int] | None:
 
 
 def test_one_replica_killed_under_load_the_other_serves_and_serve_brings_it_back(pair):
-    replicas = pair.replicas()
+    replicas = pair.ports()
     assert len(replicas) == 2, replicas
     victim = min(replicas)
     (survivor,) = set(replicas) - {victim}
     victim_port, survivor_port = replicas[victim], replicas[survivor]
 
-    with pair.load() as load:
+    with pair.load(DEADLINE_S, BURST, PERIOD_S) as load:
         time.sleep(2 * PERIOD_S)
         # just after a burst, while the victim holds a call in its forward and one queued
         _wait(
@@ -200,7 +142,7 @@ def test_one_replica_killed_under_load_the_other_serves_and_serve_brings_it_back
     died = [c for c in failed if c.code == DIED_CODE]
     assert died and all(DIED.match(c.future.details()) for c in died), {c.future.details() for c in died}
     assert all(c.sent < killed for c in died)
-    _assert_scores(pair, calls)
+    pair.assert_scores(calls, TOLERANCE)
 
     outage = [c for c in calls if killed < c.sent < recovered]
     ok = [c for c in outage if c.code == grpc.StatusCode.OK]

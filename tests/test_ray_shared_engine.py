@@ -18,32 +18,20 @@ from __future__ import annotations
 import time
 import urllib.error
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import pytest
-from ray import serve
 from ray_app import (
-    APP,
     DIED,
     DIED_CODE,
-    Load,
+    LoadedApp,
     RayApp,
     engine_pids,
-    free_port,
     kill,
-    listening_ports,
     replica_pids,
-    scrape,
-    wait_for_applications,
+    shared_engine_app,
 )
-
-from scorer.ray_serve import EngineDeployment, ScorerArgs, deployment_for
-from scorer.request import Doc, ScoreOptions, ScoreRequest
-from scorer.runtime import build_engine
-from scorer.v1 import scorer_pb2 as pb
-from scorer.v1 import scorer_pb2_grpc
 
 pytestmark = pytest.mark.slow
 SHARED = "shared"
@@ -60,78 +48,17 @@ DOCS = (
 SCHEME = "ragged"
 
 
-@dataclass(frozen=True)
-class Shared:
-    channel: grpc.Channel
-    metrics_ports: range
-    expected: list[float]
-
-    def load(self) -> Load:
-        stub = scorer_pb2_grpc.ScorerStub(self.channel)
-        return Load(stub, _request, SHARED, DEADLINE_S, burst=BURST, period_s=PERIOD_S)
-
-    def ports(self, deployment: str = "Scorer") -> dict[int, int]:
-        """pid -> metrics port of each replica of the deployment that has opened its /metrics."""
-        pids = replica_pids(SHARED, deployment)
-        found = {pid: listening_ports(pid) & set(self.metrics_ports) for pid in pids}
-        return {pid: min(ports) for pid, ports in found.items() if ports}
-
-    def metric(self, port: int, name: str, **labels: str) -> float:
-        return scrape(f"http://127.0.0.1:{port}/metrics", name, **labels)
-
-    def served(self, port: int) -> float:
-        return self.metric(port, "scorer_requests_total", code="OK")
-
-    def computed(self, port: int) -> float:
-        """Calls the engine behind this metrics port has run in its batches."""
-        return self.metric(port, "scorer_batch_requests_sum")
-
-
-def _request(i: int) -> pb.ScoreDocsRequest:
-    return pb.ScoreDocsRequest(
-        prompt=PROMPT,
-        docs=[pb.Doc(id=doc_id, text=text) for doc_id, text in DOCS],
-        options=pb.ScoreOptions(scheme=SCHEME),
-        request_id=f"shared-{i}",
-    )
+def _computed(app: LoadedApp, port: int) -> float:
+    """Calls the engine behind this metrics port has run in its batches."""
+    return app.metric(port, "scorer_batch_requests_sum")
 
 
 @pytest.fixture(scope="module")
-def shared(ray_app: RayApp) -> Iterator[Shared]:
-    engine = build_engine(ray_app.model_dir, device="cpu")
-    request = ScoreRequest(
-        PROMPT, tuple(Doc(text, doc_id) for doc_id, text in DOCS), options=ScoreOptions(scheme=SCHEME)
+def shared(ray_app: RayApp) -> Iterator[LoadedApp]:
+    delay_ms = FORWARD_S * 1e3
+    yield from shared_engine_app(
+        ray_app, SHARED, PROMPT, DOCS, SCHEME, max_wait_ms=20, debug_forward_delay_ms=delay_ms
     )
-    expected = [d.score for d in engine.score(request).results]
-    first_port = free_port()
-    args = ScorerArgs(
-        model=str(ray_app.model_dir),
-        device="cpu",
-        engine_process="shared",
-        max_wait_ms=20,
-        debug_forward_delay_ms=FORWARD_S * 1e3,
-        metrics_host="127.0.0.1",
-        metrics_port=first_port,
-    )
-    # no CPU reserved: the session's Ray has 2, and the shared application's replica holds one
-    no_cpu = {"num_cpus": 0}
-    engine_app = EngineDeployment.options(ray_actor_options=no_cpu).bind(args.model_dump())
-    fronts = deployment_for(args).options(num_replicas=2, ray_actor_options=no_cpu)
-    serve.run(fronts.bind(args.model_dump(), engine_app), name=SHARED, route_prefix=f"/{SHARED}")
-    with grpc.insecure_channel(ray_app.grpc_target) as channel:
-        wait_for_applications(channel, {APP, SHARED})
-        try:
-            yield Shared(channel, range(first_port, first_port + args.metrics_port_tries), expected)
-        finally:
-            serve.delete(SHARED)
-            wait_for_applications(channel, {APP})  # the other Ray tests call without application metadata
-
-
-def _assert_scores(shared: Shared, calls) -> None:
-    for c in calls:
-        if c.code == grpc.StatusCode.OK:
-            scores = [r.score for r in c.future.result().results]
-            assert scores == pytest.approx(shared.expected, abs=1e-4), c.future.result().request_id
 
 
 def _wait(condition, timeout_s: float, what: str, every_s: float = 0.05):
@@ -142,14 +69,14 @@ def _wait(condition, timeout_s: float, what: str, every_s: float = 0.05):
     return value
 
 
-def _the_engine(shared: Shared) -> tuple[int, int, int]:
+def _the_engine(shared: LoadedApp) -> tuple[int, int, int]:
     """(Engine replica pid, its engine process pid, its metrics port), once it has them."""
     (replica, port) = _wait(lambda: list(shared.ports("Engine").items()), 60, "no Engine replica")[0]
     (child,) = engine_pids(replica)
     return replica, child, port
 
 
-def _serving(shared: Shared, old: set[int]) -> dict[int, int] | None:
+def _serving(shared: LoadedApp, old: set[int]) -> dict[int, int] | None:
     """The front ends, once two are up and every one not in ``old`` has answered a call OK."""
     fronts = shared.ports()
     new = [port for pid, port in fronts.items() if pid not in old]
@@ -165,17 +92,17 @@ def test_two_front_ends_share_one_engine_and_score_as_the_engine_alone(shared):
     assert all(not engine_pids(pid) for pid in fronts)  # no engine of their own
     _, _, engine_port = _the_engine(shared)
     before = {port: shared.served(port) for port in fronts.values()}
-    computed = shared.computed(engine_port)
+    computed = _computed(shared, engine_port)
 
-    with shared.load() as load:
+    with shared.load(DEADLINE_S, BURST, PERIOD_S) as load:
         time.sleep(STEADY_S)
 
     calls = load.calls
     assert {c.code for c in calls} == {grpc.StatusCode.OK}, [c.future.details() for c in calls]
-    _assert_scores(shared, calls)
+    shared.assert_scores(calls)
     served = {port: shared.served(port) - n for port, n in before.items()}
     assert sum(served.values()) == len(calls) and min(served.values()) > 0, served
-    assert shared.computed(engine_port) - computed == len(calls)  # one engine ran them all
+    assert _computed(shared, engine_port) - computed == len(calls)  # one engine ran them all
     print(f"\n{len(calls)} calls in {STEADY_S:g} s, OK per front end's metrics port: {served}")
 
 
@@ -185,7 +112,7 @@ def test_a_front_end_killed_under_load_the_other_serves_and_the_new_one_joins_th
     victim = min(fronts)
     (survivor,) = set(fronts) - {victim}
 
-    with shared.load() as load:
+    with shared.load(DEADLINE_S, BURST, PERIOD_S) as load:
         time.sleep(1.0)
         holds = lambda: shared.metric(fronts[victim], "scorer_inflight_requests") >= 1  # noqa: E731
         _wait(holds, 10, "the victim held no call")
@@ -206,7 +133,7 @@ def test_a_front_end_killed_under_load_the_other_serves_and_the_new_one_joins_th
     }, {(c.code, c.future.details()) for c in failed}
     died = [c for c in failed if c.code == DIED_CODE]
     assert all(DIED.match(c.future.details()) and c.sent < killed for c in died)
-    _assert_scores(shared, calls)
+    shared.assert_scores(calls)
     assert in_outage > 0
     assert victim not in after and survivor in after
     assert _the_engine(shared)[:2] == (engine_replica, engine)  # the same engine process serves on
@@ -223,7 +150,7 @@ def test_the_engine_killed_under_load_serve_replaces_it_and_its_front_ends_and_c
     fronts = shared.ports()
     engine_replica, engine, _ = _the_engine(shared)
 
-    with shared.load() as load:
+    with shared.load(DEADLINE_S, BURST, PERIOD_S) as load:
         time.sleep(1.0)
         killed = kill(engine_replica)
         _wait(lambda: load.first_answer(after=killed + 1.0), 180, "no call succeeded within 3 minutes", 0.1)
@@ -244,7 +171,7 @@ def test_the_engine_killed_under_load_serve_replaces_it_and_its_front_ends_and_c
     assert not Path(f"/proc/{engine}").exists()  # the engine process went with its replica
     new_replica, new_engine, _ = _the_engine(shared)
     assert new_replica != engine_replica and new_engine != engine
-    _assert_scores(shared, calls)
+    shared.assert_scores(calls)
     last = [c for c in calls if c.sent > calls[-1].sent - 1.0]
     assert all(c.code == grpc.StatusCode.OK for c in last), [c.code for c in last]
     print(

@@ -1,7 +1,9 @@
-"""A real Prometheus (Debian's package) scrapes both deployments, the standalone server (job
-``scorer``) and a Ray Serve replica's metrics port (job ``scorer-ray``): per-scheme latency
-arrives, the shipped rules are valid, and every Grafana panel's query returns data for each
-deployment picked by the dashboard's ``job`` variable."""
+"""A real Prometheus (Debian's package) scrapes every deployment, the standalone server (job
+``scorer``), a Ray Serve replica's metrics port (job ``scorer-ray``) and the ports of a Ray
+application whose front ends share one engine (job ``scorer-ray-shared``: each call's metrics on
+its front end's port, the engine's on the Engine replica's): per-scheme latency arrives, the
+shipped rules are valid, and every Grafana panel's query returns data for each deployment picked
+by the dashboard's ``job`` variable."""
 
 from __future__ import annotations
 
@@ -38,26 +40,47 @@ def query(port: int, expr: str) -> dict:
         return json.loads(r.read())
 
 
-JOBS = ("scorer", "scorer-ray")
+JOBS = ("scorer", "scorer-ray", "scorer-ray-shared")
+SHARED = "prom-shared"
+
+
+class Routed:
+    """A stub whose calls carry the ``application`` metadata (two applications on the Ray)."""
+
+    def __init__(self, channel: grpc.Channel, app: str) -> None:
+        self.stub, self.metadata = scorer_pb2_grpc.ScorerStub(channel), (("application", app),)
+
+    def ScoreDocs(self, request, timeout: float):  # noqa: N802 (the stub's name)
+        return self.stub.ScoreDocs(request, timeout=timeout, metadata=self.metadata)
 
 
 @pytest.fixture
-def ray_stub(ray_app):
+def shared_ray(ray_app):
+    from ray_app import shared_engine_app
+
+    yield from shared_engine_app(ray_app, SHARED, "q", (("a", "a document"),), "ragged")
+
+
+@pytest.fixture
+def ray_stubs(ray_app, shared_ray):
     with grpc.insecure_channel(ray_app.grpc_target) as channel:
-        yield scorer_pb2_grpc.ScorerStub(channel)
+        yield Routed(channel, "scorer"), Routed(channel, SHARED)
 
 
 @pytest.fixture
-def prometheus(server, ray_app, tmp_path: Path):
+def prometheus(server, ray_app, shared_ray, tmp_path: Path):
     rules = REPO / "deploy/prometheus/rules.yml"
     subprocess.run(["promtool", "check", "rules", str(rules)], check=True, capture_output=True)
     config, replica = tmp_path / "prometheus.yml", urlsplit(ray_app.metrics_url).netloc
+    shared = [f"127.0.0.1:{p}" for d in ("Scorer", "Engine") for p in shared_ray.ports(d).values()]
+    assert len(shared) == 3, shared  # two front ends and the engine
     config.write_text(
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
         f"rule_files: ['{rules}']\n"
         "scrape_configs:\n"
         f"  - {{job_name: scorer, static_configs: [{{targets: ['127.0.0.1:{server.metrics_port}']}}]}}\n"
         f"  - {{job_name: scorer-ray, static_configs: [{{targets: ['{replica}']}}]}}\n"
+        f"  - {{job_name: scorer-ray-shared, static_configs: [{{targets: {shared}}}]}}\n"
     )
     port = free_port()
     proc = subprocess.Popen(
@@ -70,9 +93,9 @@ def prometheus(server, ray_app, tmp_path: Path):
     proc.wait(30)
 
 
-def test_prometheus_scrapes_both_deployments_and_every_panel_has_data(server, ray_stub, prometheus):
+def test_prometheus_scrapes_every_deployment_and_every_panel_has_data(server, ray_stubs, prometheus):
     rng = random.Random(11)
-    stubs = {"scorer": server.stub(), "scorer-ray": ray_stub}
+    stubs = {"scorer": server.stub(), "scorer-ray": ray_stubs[0], "scorer-ray-shared": ray_stubs[1]}
 
     def traffic() -> None:
         for stub in stubs.values():
