@@ -70,10 +70,19 @@ def main(argv: list[str] | None = None) -> int:
     except ValidationError as e:
         print(f"bad application argument: {e}", file=sys.stderr)
         return 2
+    shared = args.engine_process == "shared"  # the replicas are front ends of ns.engines engines
+    cpus = ns.num_cpus if ns.num_cpus is not None else len(os.sched_getaffinity(0))
+    wanted = ns.replica_cpus * (ns.replicas + (ns.engines if shared else 0))
+    if wanted > cpus:  # Ray would wait for them for ever, saying so only in its controller's log
+        print(
+            f"the replicas ask for {wanted:g} CPUs and this Ray has {cpus}: lower --replica-cpus"
+            f" (0 runs them unreserved) or --replicas",
+            file=sys.stderr,
+        )
+        return 2
     for key, value in {**RAY_ENV, **LOCAL_ENV}.items():  # before Ray starts: its processes inherit them
         os.environ.setdefault(key, value)
     stop = threading.Event()
-    shared = args.engine_process == "shared"  # the replicas are front ends of ns.engines engines
     context = ray.init(
         address="local",
         num_cpus=ns.num_cpus,

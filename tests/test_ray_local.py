@@ -95,3 +95,11 @@ def test_deploy_local_answers_a_call_and_stops_cleanly_on_ctrl_c(tmp_path, stop_
     with socket.socket() as s:  # Ray's HAProxy is gone with it, its ports free
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", grpc_port))
+
+
+def test_replicas_asking_for_more_cpus_than_ray_has_are_refused_at_once(capsys):
+    """Ray would leave them unscheduled without a word on the terminal: say so and exit 2."""
+    from scorer.ray_local import main
+
+    assert main(["--num-cpus", "2", "--replicas", "2", "engine_process=shared"]) == 2
+    assert "ask for 3 CPUs and this Ray has 2" in capsys.readouterr().err
