@@ -1,7 +1,8 @@
 """Deadlines and faults on Ray Serve: a second application on the session's Ray whose replica
 sleeps SLOW_FORWARD_S before every forward batch (the forward-delay test knob), so calls wait in
 the replica's queue behind a batch; once with the engine in the replica's process, once in a child
-process of its own (``engine_process``, on by default with a GPU).
+process of its own (``engine_process``, on by default with a GPU), once as the front end of a
+shared engine (``engine_process=shared``).
 
 - The client's deadline reaches the replica as ``x-timeout-ms`` metadata (Ray's proxy drops gRPC
   deadlines): a call whose deadline passes while queued is answered DEADLINE_EXCEEDED by the
@@ -34,7 +35,7 @@ from ray_app import (
     wait_for_applications,
 )
 
-from scorer.ray_serve import ScorerArgs, ScorerDeployment
+from scorer.ray_serve import EngineDeployment, ScorerArgs, ScorerDeployment
 from scorer.runtime import build_engine
 from scorer.server.convert import request_from_proto
 from scorer.v1 import scorer_pb2 as pb
@@ -49,14 +50,15 @@ pytestmark = pytest.mark.slow
 @dataclass(frozen=True)
 class SlowApp:
     channel: grpc.Channel
-    metrics_url: str
-    engine_process: bool
+    metrics_urls: tuple[str, ...]  # the replica's, and a shared engine's (its batches, its drops)
+    engine_process: str  # off, on, shared
 
     def stub(self) -> scorer_pb2_grpc.ScorerStub:
         return scorer_pb2_grpc.ScorerStub(self.channel)
 
     def metric(self, name: str, **labels: str) -> float:
-        return scrape(self.metrics_url, name, **labels)
+        """The application's count: the sum over its replicas' ports."""
+        return sum(scrape(url, name, **labels) for url in self.metrics_urls)
 
     def wait_metric(self, name: str, value: float, timeout_s: float = 30.0) -> None:
         give_up = time.monotonic() + timeout_s
@@ -65,7 +67,10 @@ class SlowApp:
             time.sleep(0.02)
 
 
-@pytest.fixture(scope="module", params=["off", "on"], ids=["engine-in-replica", "engine-process"])
+ENGINES = {"off": "engine-in-replica", "on": "engine-process", "shared": "shared-engine"}
+
+
+@pytest.fixture(scope="module", params=list(ENGINES), ids=list(ENGINES.values()))
 def slow_app(ray_app: RayApp, request) -> Iterator[SlowApp]:
     args = ScorerArgs(
         model=str(ray_app.model_dir),
@@ -77,13 +82,18 @@ def slow_app(ray_app: RayApp, request) -> Iterator[SlowApp]:
         metrics_port=free_port(),
     )
     # no CPU reserved: the session's Ray has 2, and the shared application's replica holds one
-    deployment = ScorerDeployment.options(ray_actor_options={"num_cpus": 0})
-    handle = serve.run(deployment.bind(args.model_dump()), name=SLOW, route_prefix="/slow")
-    port = handle.metrics_port.remote().result()
+    no_cpu = {"num_cpus": 0}
+    deployment = ScorerDeployment.options(ray_actor_options=no_cpu)
+    shared = request.param == "shared"
+    engine = (EngineDeployment.options(ray_actor_options=no_cpu).bind(args.model_dump()),) if shared else ()
+    handle = serve.run(deployment.bind(args.model_dump(), *engine), name=SLOW, route_prefix="/slow")
+    ports = [handle.metrics_port.remote().result()]
+    if shared:
+        ports.append(serve.get_deployment_handle("Engine", SLOW).metrics_port.remote().result())
     with grpc.insecure_channel(ray_app.grpc_target) as channel:
         wait_for_applications(channel, {APP, SLOW})
         try:
-            yield SlowApp(channel, f"http://127.0.0.1:{port}/metrics", request.param == "on")
+            yield SlowApp(channel, tuple(f"http://127.0.0.1:{p}/metrics" for p in ports), request.param)
         finally:
             serve.delete(SLOW)
             wait_for_applications(channel, {APP})  # the other Ray tests call without application metadata
@@ -147,7 +157,7 @@ def test_a_replica_killed_under_load_fails_its_calls_in_time_and_serves_again(sl
     deadline if none comes in time); Serve starts a new replica and the calls then succeed."""
     (pid,) = replica_pids(SLOW)
     engines = engine_pids(pid)
-    assert len(engines) == slow_app.engine_process
+    assert len(engines) == (slow_app.engine_process == "on")  # a shared engine is another replica's child
     with Load(slow_app.stub(), lambda i: _request(f"load-{i}"), SLOW, DEADLINE_S, period_s=1 / RATE) as load:
         time.sleep(3.0)
         killed = kill(pid)
@@ -178,8 +188,8 @@ def test_a_replica_whose_engine_process_dies_is_replaced(slow_app):
     """SIGKILL to the engine process alone: the calls on it fail UNAVAILABLE at once (its
     connection closed), Serve's health check finds the replica unhealthy and replaces it, and
     calls succeed again."""
-    if not slow_app.engine_process:
-        pytest.skip("the engine runs in the replica's process")
+    if slow_app.engine_process != "on":  # shared: tests/test_ray_shared_engine.py kills the Engine
+        pytest.skip("the replica has no engine process of its own")
     (pid,) = replica_pids(SLOW)
     (engine,) = engine_pids(pid)
     with Load(
