@@ -246,8 +246,9 @@ class ScorerDeployment:
 async def _join(settings: Settings, engine: DeploymentHandle) -> tuple[FrontLink, RemoteScoring]:
     """Join the shared engine that the Engine deployment runs on this replica's node: this process
     takes Ray's calls and tokenizes, the engine process batches them with its other front ends'."""
-    if engine._router is None:  # an Engine replica on this node first, if there is one
-        engine._init(_prefer_local_routing=True)  # (Ray 2.60 names no public way to ask this)
+    with contextlib.suppress(AttributeError, RuntimeError):  # another Ray's handle, or one in use
+        # an Engine replica on this node first, if there is one (Ray 2.60 has no public way to ask)
+        engine._init(_prefer_local_routing=True)
     node, path = await engine.address.remote()
     here = ray.get_runtime_context().get_node_id()
     if node != here:
@@ -281,6 +282,7 @@ class EngineDeployment:
         _configure_logging(s.log_level)
         self._engine = EngineProcess(s, shared=True)
         service = await self._engine.start()
+        await service.close()  # its tokenizer threads: the front ends tokenize, this replica only owns
         self._node = ray.get_runtime_context().get_node_id()
         self._metrics_http, self._metrics_port = _serve_metrics(s, self._engine.dir)
         metrics.READY.set(1)
