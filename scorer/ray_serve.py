@@ -280,7 +280,7 @@ class EngineDeployment:
     async def __init__(self, args: dict | None = None) -> None:
         s = Settings(**ScorerArgs.model_validate(args or {}).model_dump())
         _configure_logging(s.log_level)
-        self._engine = EngineProcess(s, shared=True)
+        self._engine = EngineProcess(s)
         service = await self._engine.start()
         await service.close()  # its tokenizer threads: the front ends tokenize, this replica only owns
         self._node = ray.get_runtime_context().get_node_id()

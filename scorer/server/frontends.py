@@ -130,14 +130,13 @@ class EngineLink:
     arrive are scored through ``service`` and their results (or exceptions) sent back.
 
     ``frontends`` front ends are expected (their identities ``frontend-<i>``: the engine serves
-    once all are ready, and ``lost`` is set when one of them goes). With ``shared``, other front
-    ends may also join and leave at any time (the Ray replicas of ``engine_process=shared``): each
-    gets the engine's state as it joins, and one that leaves has its calls cancelled."""
+    once all are ready, and ``lost`` is set when one of them goes). Others may join and leave at
+    any time (the Ray replicas of ``engine_process=shared``): each gets the engine's state as it
+    joins, and one that leaves has its calls cancelled."""
 
-    def __init__(self, path: str, frontends: int, shared: bool = False) -> None:
+    def __init__(self, path: str, frontends: int) -> None:
         self.path = path
         self.identities = [frontend_identity(i) for i in range(frontends)]
-        self.shared = shared
         self.up: dict[str, asyncio.Future[str | None]] = {}
         self.ready: set[str] = set()
         self.all_ready = asyncio.Event()
@@ -201,7 +200,7 @@ class EngineLink:
             del self._ends[ident]
             if ident in self.identities:
                 self.lost.set()
-            else:  # one that joined a shared engine: nobody waits for its calls
+            else:  # one that joined (a shared engine's): nobody waits for its calls
                 self.restarted(ident)
 
     def _on(self, end: _Frames, kind: str, value) -> None:
@@ -595,11 +594,11 @@ class EngineProcess:
     replica's /metrics serves with its own. The child exits when this process's connection to it
     closes, so a replica killed outright takes its engine (and its GPU memory) with it.
 
-    With ``shared``, other processes of the host may join the engine at ``path`` as front ends of
-    their own (``attach``): the Ray replicas of ``engine_process=shared``, whose engine is a
-    deployment of its own."""
+    Other processes of the host may join the engine at ``path`` as front ends of their own
+    (``attach``): the Ray replicas of ``engine_process=shared``, whose engine is the child of an
+    Engine replica."""
 
-    def __init__(self, settings: Settings, shared: bool = False) -> None:
+    def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.dir = tempfile.mkdtemp(prefix="scorer-engine-")
         self.path = os.path.join(self.dir, "engine.sock")
@@ -607,7 +606,7 @@ class EngineProcess:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = self.dir  # the child's, from its first import on
         try:
             self.proc = multiprocessing.get_context("spawn").Process(
-                target=engine_main, args=(settings, self.path, shared), name="scorer-engine", daemon=True
+                target=engine_main, args=(settings, self.path), name="scorer-engine", daemon=True
             )
             self.spawned = time.monotonic()
             self.proc.start()
@@ -675,19 +674,19 @@ async def attach(link: FrontLink, settings: Settings, check: Callable[[], None])
     return service
 
 
-def engine_main(settings: Settings, path: str, shared: bool = False) -> None:
+def engine_main(settings: Settings, path: str) -> None:
     """The child of ``EngineProcess`` (``multiprocessing``'s target)."""
     from .app import configure_logging
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # its front end decides when it stops
     configure_logging(settings.log_level, "engine ")
-    asyncio.run(_engine_for_one(settings, path, shared))
+    asyncio.run(_engine_for_one(settings, path))
 
 
-async def _engine_for_one(settings: Settings, path: str, shared: bool) -> None:
+async def _engine_for_one(settings: Settings, path: str) -> None:
     from .scoring import ready_engine
 
-    link = EngineLink(path, 1, shared)
+    link = EngineLink(path, 1)
     await link.start()
     service = None
     try:

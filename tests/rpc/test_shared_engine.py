@@ -41,7 +41,7 @@ def test_front_ends_join_share_batches_leave_and_the_engine_stops_with_its_owner
     want = [d.score for d in engine.score(REQUEST).results]
 
     async def run() -> None:
-        shared = EngineProcess(settings, shared=True)
+        shared = EngineProcess(settings)
         owner = await shared.start()
         try:
             (a, front_a), (b, front_b) = [await _join(shared, settings, f"replica-{n}") for n in "ab"]
