@@ -103,10 +103,11 @@ def main(argv: list[str] | None = None) -> int:
             num_replicas=ns.replicas,
             ray_actor_options={"num_cpus": ns.replica_cpus, "num_gpus": 0 if shared else ns.num_gpus},
         )
-        engine = EngineDeployment.options(
-            num_replicas=ns.engines, ray_actor_options={"num_cpus": ns.replica_cpus, "num_gpus": ns.num_gpus}
-        )
-        bound = (args.model_dump(), engine.bind(args.model_dump())) if shared else (args.model_dump(),)
+        bound = [args.model_dump()]
+        if shared:  # the Engine deployment the front ends join, with the GPUs
+            gpu = {"num_cpus": ns.replica_cpus, "num_gpus": ns.num_gpus}
+            engine = EngineDeployment.options(num_replicas=ns.engines, ray_actor_options=gpu)
+            bound.append(engine.bind(args.model_dump()))
         handle = serve.run(deployment.bind(*bound), name=APP, route_prefix=f"/{APP}")
         # a handle called outside an event loop: RAY_ENV keeps Ray's router in a loop of its own
         ports = sorted({handle.metrics_port.remote().result() for _ in range(4 * ns.replicas)})

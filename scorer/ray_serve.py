@@ -161,10 +161,12 @@ class ScorerDeployment:
                     " (build the application with scorer.ray_serve.build_app)"
                 )
             self._link, self.service = await _join(s, engine)
+            freeze_heap("replica")  # this process's heap (an engine here froze in ready_engine)
             where = " (a front end of its node's shared engine)"
         elif engine_in_child(s):
             self._engine = EngineProcess(s)
             self.service = await self._engine.start()
+            freeze_heap("replica")
             where = f" (engine in process {self._engine.proc.pid})"
         else:
             self.service = ScoringService(
@@ -172,8 +174,6 @@ class ScorerDeployment:
             )
             self.service.start()
             where = ""
-        if where:
-            freeze_heap("replica")  # this process's heap (an engine here froze in ready_engine)
         self.handler.service = self.service
         self._metrics_http, self._metrics_port = _serve_metrics(s, self._engine.dir if self._engine else None)
         metrics.READY.set(1)

@@ -364,9 +364,7 @@ class LoadedApp:
                 assert scores == pytest.approx(self.expected, abs=tolerance), c.future.result().request_id
 
 
-def reference(
-    model_dir: Path, prompt: str, docs: tuple[tuple[str, str], ...], scheme: str
-) -> tuple[list[float], int]:
+def reference(model_dir: Path, prompt: str, docs: Docs, scheme: str) -> tuple[list[float], int]:
     """The call's scores by the engine in this process, and its tokens."""
     from scorer.request import Doc, ScoreOptions, ScoreRequest
     from scorer.runtime import build_engine

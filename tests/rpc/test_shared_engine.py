@@ -70,13 +70,13 @@ def test_front_ends_join_share_batches_leave_and_the_engine_stops_with_its_owner
             await owner.close()
             await shared.close()  # the owner's link closes: the engine process exits
         assert not shared.proc.is_alive() and shared.proc.exitcode == 0
-        for link in (b, c):  # the front ends still joined learn that nothing will answer
+        for link, front in ((b, front_b), (c, front_c)):  # those still joined learn nothing will answer
             for _ in range(100):
                 if link.gone:
                     break
                 await asyncio.sleep(0.02)
             assert link.gone
             with pytest.raises(Closed):
-                await _score(front_b if link is b else front_c, "gone")
+                await _score(front, "gone")
 
     asyncio.run(run())
