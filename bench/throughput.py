@@ -7,7 +7,8 @@ label ids. For each workload (prompt + N docs of S tokens) and system:
   FlashInfer kernels instead of the fused ones, ``auto@fa3`` or ``@fa2`` with FlashInfer's prefill
   kernel forced instead of chosen per call, ``auto@coarse`` on CUDA-graph buckets growing by 1/8
   alone, ``auto@lt`` with its GEMMs captured from cuBLASLt instead of cuBLAS, ``auto@exact`` with
-  cuBLAS's reduced-precision bf16 split-K reductions off, ``BLAS``): batches of at most
+  cuBLAS's reduced-precision bf16 split-K reductions off, ``BLAS``; ``@paged`` with every
+  attention call through the paged pool, also those that read one run of slots): batches of at most
   ``--budget`` tokens formed as the server's batcher forms them at saturation (``full_batches``:
   no runt at the list's end) and pipelined as it runs them (the next batch launched before the
   last is collected); docs/s at saturation, one idle call's p50/p95, peak GPU memory;
@@ -406,13 +407,15 @@ def engine_for(
     attention: str = "auto",
     fine_top: bool = True,
     blas: str = "default",
+    contiguous: bool = True,
 ) -> Engine:
     """The serving configuration (FlashInfer, CUDA graphs); the torch reference on the CPU (smoke);
     the embedded tokenizer, for the text calls. ``defer=False``: each layer adds its MLP residual
     itself instead of leaving it to the next layer's fused add-and-norm (to measure that fusion);
     ``attention``: FlashInfer's prefill kernels (``auto``: per call, ``fa2``, ``fa3``);
     ``fine_top=False``: the CUDA-graph buckets growing by 1/8 alone (before section 15's);
-    ``blas``: how the graphs' GEMMs are chosen (``BLAS``)."""
+    ``blas``: how the graphs' GEMMs are chosen (``BLAS``); ``contiguous=False``: every attention call
+    through the paged pool (``FlashInferBackend``'s ``contiguous``)."""
     cuda = device.type == "cuda"
     model = build_model(device, cfg["num_hidden_layers"], kernels if cuda else "torch", cfg)
     model.defers_residual = model.defers_residual and defer
@@ -421,7 +424,7 @@ def engine_for(
     if cuda:
         from scorer.attention.flashinfer import FlashInferBackend
 
-        backend = FlashInferBackend(spec, kernels=attention)
+        backend = FlashInferBackend(spec, kernels=attention, contiguous=contiguous)
     else:
         backend = TorchBackend(spec)
     runner = ModelRunner(model, backend, 16384 if cuda else 0)
@@ -449,7 +452,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--systems",
         default="",
-        help="auto, auto@flashinfer, auto@fa3, auto@lt, a scheme, hf_naive, hf_prefix",
+        help="auto, auto@flashinfer, auto@fa3, auto@lt, auto@paged, a scheme, hf_naive, hf_prefix",
     )
     ap.add_argument("--seconds", type=float, default=4.0, help="per system, at saturation")
     ap.add_argument("--cache-systems", default="auto,auto+cache", help="the systems of the repeat workloads")
@@ -499,7 +502,7 @@ def main(argv: list[str] | None = None) -> None:
                 attention = at if at in ("fa2", "fa3") else "auto"
                 kernels = "hf" if system.startswith("hf_") else at if at == "flashinfer" else "fused"
                 blas = at if at in BLAS else "default"
-                key = f"{kernels}/{attention}/{at == 'coarse'}/{blas}" + (
+                key = f"{kernels}/{attention}/{at == 'coarse'}/{blas}/{at == 'paged'}" + (
                     "+cache" if system.endswith("+cache") else ""
                 )
                 scheme = system.split("@")[0].removesuffix("+cache")
@@ -517,6 +520,7 @@ def main(argv: list[str] | None = None) -> None:
                                 attention=attention,
                                 fine_top=at != "coarse",
                                 blas=blas,
+                                contiguous=at != "paged",
                             )
                         )
                     if key not in engines:  # the same model and runner, with a pool

@@ -356,6 +356,28 @@ def test_fa2_on_hopper_only_for_large_calls_whose_queries_see_few_keys():
     assert choose_kernel(masked, "auto", True) == choose_kernel(masked, "fa3", True) == "fa2"
 
 
+def test_contiguous_run_is_one_consecutive_run_of_slots_in_request_order():
+    """The calls that read one run of slots (cascade's levels, naive's requests) are found, with
+    the run; ragged's (each doc reads its prompt, then jumps to its own rows), multi-item's and the
+    custom mask's are not."""
+    from scorer.attention.flashinfer import contiguous_run
+
+    shapes = [Shape(300, (50, 20, 70)), Shape(40, (5, 9))]
+    (cascade,) = _plan("cascade", shapes).passes
+    prefix, shared, unique = cascade.calls
+    assert contiguous_run(prefix) == (0, 340) and contiguous_run(shared) == (0, 340)
+    assert contiguous_run(unique) == (340, 340 + 154)
+    (naive,) = _plan("naive", shapes).passes
+    assert [contiguous_run(c) for c in naive.calls] == [(0, naive.num_rows)]
+    for scheme in ("ragged", "multi_item", "custom_mask"):
+        (p,) = _plan(scheme, shapes).passes
+        assert [contiguous_run(c) for c in p.calls] == [None], scheme
+    (one_doc,) = _plan("ragged", [Shape(30, (7,))]).passes  # a prompt and its one doc: one run
+    assert [contiguous_run(c) for c in one_doc.calls] == [(0, 37)]
+    gap = dataclasses.replace(one_doc.calls[0], kv_indices=torch.tensor([0, 1, 3, 3], dtype=torch.int32))
+    assert contiguous_run(gap) is None  # first and last 3 apart over 4 slots, but not a run
+
+
 def _shared_prefix_reference(shapes, group_size):
     """The ragged / multi-item / grouped layout written as a plain loop over items (what
     ``_shared_prefix_groups`` vectorises): rows are the logical tokens in order."""

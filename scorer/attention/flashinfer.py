@@ -119,42 +119,61 @@ def choose_kernel(c: AttentionCall, kernels: str, on_hopper: bool) -> str:
     return "fa2" if wide else "fa3"
 
 
-@dataclass
-class _Planned:
-    rows: tuple[int, int]
-    wrappers: list  # one per call of the merge group
-    launch: _Launch | None = None  # a group of one call, where the fast launch applies
+def contiguous_run(c: AttentionCall) -> tuple[int, int] | None:
+    """The slots ``[a, b)`` when the requests of ``c`` read one consecutive run of slots, request
+    after request (cascade's levels, naive, a single-pass plan's own rows), else None. Such a call
+    runs on ``k[a:b]`` through the ragged-KV wrapper: contiguous loads (FA3's TMA) instead of
+    ``page_size = 1``'s gathered ones (bench/RESULTS.md section 16: 13% faster on B's shared level)."""
+    if c.page_size != 1 or c.multi_item is not None or c.custom_mask is not None:
+        return None
+    idx = c.kv_indices.numpy()
+    if len(idx) == 0:
+        return None
+    a = int(idx[0])
+    if int(idx[-1]) - a != len(idx) - 1 or (len(idx) > 2 and not (np.diff(idx) == 1).all()):
+        return None
+    return a, a + len(idx)
 
 
 class _Launch:
-    """``wrapper.run(q, (k, v), out=out)`` as the module's ``paged_run`` with the arguments
-    ``run`` would pass, fixed once the wrapper is planned (see the module's docstring)."""
+    """``wrapper.run(q, kv, out=out, lse=lse)`` as the module's ``paged_run`` (or ``ragged_run``
+    for the ragged-KV wrapper) with the arguments ``run`` would pass, fixed once the wrapper is
+    planned (see the module's docstring)."""
 
-    def __init__(self, w, spec: HeadSpec) -> None:
+    def __init__(self, w, spec: HeadSpec, ragged: bool) -> None:
         from flashinfer.prefill import MaskMode, TensorLayout
         from flashinfer.utils import _get_cache_alibi_slopes_buf, device_support_pdl
 
         mask = MaskMode.CAUSAL.value if w._causal else MaskMode.NON_CAUSAL.value
         if w._custom_mask_buf is not None:
             mask = MaskMode.CUSTOM.value
-        if w._prefix_len_ptr is not None:
+        if not ragged and w._prefix_len_ptr is not None:
             mask = MaskMode.MULTIITEMSCORING.value
-        self.run = w._cached_module.paged_run
+        self.ragged = ragged
         self.head = (w._float_workspace_buffer, w._int_workspace_buffer, w._plan_info)
+        self.mode = (mask, TensorLayout[w._kv_layout].value, w._window_left, device_support_pdl(spec.device))
+        sm_scale = w._sm_scale if w._sm_scale is not None else 1.0 / math.sqrt(spec.head_dim)
+        alibi = _get_cache_alibi_slopes_buf(spec.num_qo_heads, spec.device)
+        self.masks = (w._custom_mask_buf, w._mask_indptr_buf, alibi)
+        self.items = (w._prefix_len_ptr, w._token_pos_in_items_ptr, w._max_item_len_ptr)
+        self.scales = (w._logits_soft_cap or 0.0, sm_scale)
+        rope = (w._rope_scale or 1.0, w._rope_theta or 1e4, w._token_pos_in_items_len)
+        if ragged:
+            self.run = w._cached_module.ragged_run
+            self.mid = (w._qo_indptr_buf, w._kv_indptr_buf)
+            self.tail = (*self.scales, *rope, None, None)
+            return
+        self.run = w._cached_module.paged_run
         self.mid = (
             w._qo_indptr_buf,
             w._paged_kv_indptr_buf,
             w._paged_kv_indices_buf,
             w._paged_kv_last_page_len_buf,
         )
-        self.mode = (mask, TensorLayout[w._kv_layout].value, w._window_left, device_support_pdl(spec.device))
-        sm_scale = w._sm_scale if w._sm_scale is not None else 1.0 / math.sqrt(spec.head_dim)
-        alibi = _get_cache_alibi_slopes_buf(spec.num_qo_heads, spec.device)
-        self.masks = (w._custom_mask_buf, w._mask_indptr_buf, alibi)
-        self.items = (w._prefix_len_ptr, w._token_pos_in_items_ptr, w._max_item_len_ptr)
-        self.scales = (w._logits_soft_cap or 0.0, sm_scale, None, None, None)
-        self.rope = (w._rope_scale or 1.0, w._rope_theta or 1e4, w._token_pos_in_items_len, w._workspace_size)
-        self.tail = (w._num_qo_heads, w._num_kv_heads, w._block_tables, w._kv_lens_buffer)
+        self.tail = (
+            *self.scales, None, None, None, *rope, w._workspace_size,
+            w._num_qo_heads, w._num_kv_heads, w._block_tables, w._kv_lens_buffer,
+        )  # fmt: skip
         self.lens = (w._max_q_len, w._max_kv_len, w._batch_size, w._qo_indptr_buf, w._paged_kv_indptr_buf)
         self.rest = (None, None, None, None, True, w._trtllm_gen_multi_ctas_kv_counter_buffer)
 
@@ -170,25 +189,47 @@ class _Launch:
             and w._cached_module is not None
         )
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> None:
+    def __call__(self, q, k, v, out, lse=None) -> None:
+        if self.ragged:
+            self.run(
+                *self.head, q, k, v, *self.mid, out, lse, *self.mode, *self.masks, *self.items, *self.tail
+            )
+            return
         self.run(
-            *self.head,
-            q,
-            k,
-            v,
-            *self.mid,
-            out,
-            None,
-            *self.mode,
-            *self.masks,
-            *self.items,
-            *self.scales,
-            *self.rope,
-            *self.tail,
-            k.shape[1],
-            *self.lens,
-            *self.rest,
-        )
+            *self.head, q, k, v, *self.mid, out, lse, *self.mode, *self.masks, *self.items, *self.tail,
+            k.shape[1], *self.lens, *self.rest,
+        )  # fmt: skip
+
+
+@dataclass
+class _Call:
+    """One planned attention call: its wrapper, the contiguous slots it reads (the ragged-KV
+    wrapper) or None (the paged one), and its fast launch where that applies."""
+
+    wrapper: object
+    run_slots: tuple[int, int] | None
+    launch: _Launch | None
+
+    def __call__(self, q, k, v, out, lse=None) -> None:
+        """Attention of the call's rows ``q`` into ``out`` (and its log-sum-exp into ``lse``);
+        ``k``, ``v`` the layer's pool, ``[slots, Hkv, D]`` or ``[pages, page_size, Hkv, D]``."""
+        if self.run_slots is not None:
+            a, b = self.run_slots
+            k, v = k[a:b], v[a:b]
+        elif k.dim() == 3:
+            k, v = k.unsqueeze(1), v.unsqueeze(1)
+        if self.launch is not None:
+            self.launch(q, k, v, out, lse)
+        elif self.run_slots is not None:
+            self.wrapper.run(q, k, v, out=out, lse=lse, return_lse=lse is not None)
+        else:
+            self.wrapper.run(q, (k, v), out=out, lse=lse, return_lse=lse is not None)
+
+
+@dataclass
+class _Planned:
+    rows: tuple[int, int]
+    calls: list[_Call]  # the merge group: the first writes the output, the others merge into it
 
 
 class FlashInferBackend:
@@ -203,8 +244,12 @@ class FlashInferBackend:
         see few keys, FA3 for the others, ``choose_kernel``; FA2 elsewhere). The custom mask
         always runs on FA2. ``$SCORER_FLASHINFER_KERNELS`` overrides ``"auto"``.
     fast_run
-        Launch single-call groups through ``_Launch`` where it applies (False: always the
-        wrapper's ``run``; the GPU tests compare the two).
+        Launch calls through ``_Launch`` where it applies (False: always the wrapper's ``run``;
+        the GPU tests compare the two).
+    contiguous
+        Run a call whose requests read one consecutive run of slots (``contiguous_run``) on that
+        run through the ragged-KV wrapper (False: every call through the paged wrapper; the
+        benchmarks compare the two).
 
     Raises ``UnsupportedShape`` when FlashInfer cannot run ``spec`` (dtype, head_dim, device) and
     ImportError when it is not installed: the choice of backend is made once, at start
@@ -219,6 +264,7 @@ class FlashInferBackend:
         kernels: str = "auto",
         workspace_bytes: int = WORKSPACE_BYTES,
         fast_run: bool = True,
+        contiguous: bool = True,
     ) -> None:
         if kernels == "auto":
             kernels = os.environ.get(KERNELS_ENV, "auto") or "auto"
@@ -226,6 +272,7 @@ class FlashInferBackend:
             raise ValueError(f"unknown FlashInfer kernels {kernels!r}; expected one of {KERNELS}")
         self.spec = spec
         self.fast_run = fast_run
+        self.contiguous = contiguous
         self.stats: Counter = Counter()
         reason = unsupported_reason(spec)
         if reason is not None:
@@ -241,6 +288,7 @@ class FlashInferBackend:
         self._slot = 0
         self._groups: list[_Planned] = []
         self._num_calls = 0
+        self._contiguous = 0
 
     def kernel_for(self, c: AttentionCall) -> str:
         return choose_kernel(c, self.kernels, self._hopper)
@@ -249,17 +297,15 @@ class FlashInferBackend:
         """Plan every call of ``p`` (host metadata -> device, no synchronisation). A failure
         raises: the call fails, the backend stays FlashInfer."""
         slot = self._next_slot()
-        groups = []
-        for members in p.merge_groups():
-            wrappers = [self._plan_call(slot, i, p.calls[i]) for i in members]
-            fast = len(wrappers) == 1 and self.fast_run and _Launch.applies(wrappers[0])
-            launch = _Launch(wrappers[0], self.spec) if fast else None
-            groups.append(_Planned(p.calls[members[0]].rows, wrappers, launch))
+        self._groups = [
+            _Planned(p.calls[members[0]].rows, [self._plan_call(slot, i, p.calls[i]) for i in members])
+            for members in p.merge_groups()
+        ]
         ev = torch.cuda.Event()
         ev.record()
         self._ring_events[slot] = ev
-        self._groups = groups
         self._num_calls = len(p.calls)
+        self._contiguous = sum(c.run_slots is not None for g in self._groups for c in g.calls)
 
     def _next_slot(self) -> int:
         self._slot = (self._slot + 1) % RING
@@ -268,54 +314,56 @@ class FlashInferBackend:
             ev.synchronize()  # the GPU is RING plans behind; never seen in the engine's use
         return self._slot
 
-    def _wrapper(self, slot: int, index: int, kernel: str):
+    def _wrapper(self, slot: int, index: int, kernel: str, contiguous: bool):
         import flashinfer
 
-        key = (index, kernel)
+        key = (index, kernel, contiguous)
         w = self._wrappers[slot].get(key)
         if w is None:
+            cls = (
+                flashinfer.BatchPrefillWithRaggedKVCacheWrapper
+                if contiguous
+                else flashinfer.BatchPrefillWithPagedKVCacheWrapper
+            )
             # plan() updates the wrapper's buffers in place: they must not be inference tensors
             with torch.inference_mode(False):
-                w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, "NHD", backend=kernel)
+                w = cls(self._workspace, "NHD", backend=kernel)
             self._wrappers[slot][key] = w
         return w
 
-    def _plan_call(self, slot: int, index: int, c: AttentionCall):
+    def _plan_call(self, slot: int, index: int, c: AttentionCall) -> _Call:
         s, dev = self.spec, self.spec.device
         kernel = self.kernel_for(c)
-        w = self._wrapper(slot, index, kernel)
-        kw: dict = {}
-        if c.multi_item is not None:
-            m = c.multi_item
-            if int(m.max_item_len.max()) > MAX_ITEM_LEN:
-                raise PlanError(f"an item over {MAX_ITEM_LEN} tokens cannot run multi-item scoring")
-            kw = dict(
-                prefix_len_ptr=to_device(m.prefix_len.to(torch.int32).view(torch.uint32), dev),
-                token_pos_in_items_ptr=to_device(m.token_pos_in_items.to(torch.uint16), dev),
-                token_pos_in_items_len=int(m.token_pos_in_items_len),
-                max_item_len_ptr=to_device(m.max_item_len.to(torch.uint16), dev),
-            )
-        if c.custom_mask is not None:
-            kw["packed_custom_mask"] = c.custom_mask.packed
-        w.plan(
-            c.qo_indptr,
-            c.kv_indptr,
-            c.kv_indices,
-            torch.ones(c.num_requests, dtype=torch.int32) if c.last_page_len is None else c.last_page_len,
-            s.num_qo_heads,
-            s.num_kv_heads,
-            s.head_dim,
-            c.page_size,
-            causal=c.causal,
-            sm_scale=s.sm_scale,
-            q_data_type=s.dtype,
-            kv_data_type=s.dtype,
-            non_blocking=True,
-            **kw,
+        run_slots = contiguous_run(c) if self.contiguous else None
+        w = self._wrapper(slot, index, kernel, run_slots is not None)
+        common = dict(
+            causal=c.causal, sm_scale=s.sm_scale, q_data_type=s.dtype, kv_data_type=s.dtype, non_blocking=True
         )
-        if c.custom_mask is not None:
-            w._mask_indptr_buf = to_device(c.custom_mask.indptr, dev)
-        return w
+        heads = (s.num_qo_heads, s.num_kv_heads, s.head_dim)
+        if run_slots is not None:
+            w.plan(c.qo_indptr, c.kv_indptr, *heads, **common)
+        else:
+            kw: dict = {}
+            if c.multi_item is not None:
+                m = c.multi_item
+                if int(m.max_item_len.max()) > MAX_ITEM_LEN:
+                    raise PlanError(f"an item over {MAX_ITEM_LEN} tokens cannot run multi-item scoring")
+                kw = dict(
+                    prefix_len_ptr=to_device(m.prefix_len.to(torch.int32).view(torch.uint32), dev),
+                    token_pos_in_items_ptr=to_device(m.token_pos_in_items.to(torch.uint16), dev),
+                    token_pos_in_items_len=int(m.token_pos_in_items_len),
+                    max_item_len_ptr=to_device(m.max_item_len.to(torch.uint16), dev),
+                )
+            if c.custom_mask is not None:
+                kw["packed_custom_mask"] = c.custom_mask.packed
+            last = (
+                torch.ones(c.num_requests, dtype=torch.int32) if c.last_page_len is None else c.last_page_len
+            )
+            w.plan(c.qo_indptr, c.kv_indptr, c.kv_indices, last, *heads, c.page_size, **common, **kw)
+            if c.custom_mask is not None:
+                w._mask_indptr_buf = to_device(c.custom_mask.indptr, dev)
+        fast = self.fast_run and _Launch.applies(w)
+        return _Call(w, run_slots, _Launch(w, s, run_slots is not None) if fast else None)
 
     def run(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor | None = None
@@ -335,25 +383,25 @@ class FlashInferBackend:
         torch.Tensor
             ``[rows, Hq, D]`` in ``q.dtype``.
         """
-        kv = (k, v) if k.dim() == 4 else (k.unsqueeze(1), v.unsqueeze(1))
         out = torch.empty_like(q) if out is None else out
         for g in self._groups:
             q0, q1 = g.rows
             if q1 == q0:
                 continue
             qs, os_ = q[q0:q1], out[q0:q1]
-            if g.launch is not None:
-                g.launch(qs, *kv, os_)
+            first, *rest = g.calls
+            if not rest:
+                first(qs, k, v, os_)
                 continue
-            if len(g.wrappers) == 1:
-                g.wrappers[0].run(qs, kv, out=os_)
-                continue
-            _, lse = g.wrappers[0].run(qs, kv, out=os_, return_lse=True)
-            for w in g.wrappers[1:]:
-                o2, lse2 = w.run(qs, kv, return_lse=True)
+            lse = torch.empty(q1 - q0, qs.shape[1], dtype=torch.float32, device=q.device)
+            first(qs, k, v, os_, lse)
+            o2, lse2 = torch.empty_like(qs), torch.empty_like(lse)
+            for c in rest:
+                c(qs, k, v, o2, lse2)
                 _merge_state_in_place(os_, lse, o2, lse2)
-            self.stats["merges"] += len(g.wrappers) - 1
+            self.stats["merges"] += len(rest)
         self.stats["calls"] += self._num_calls
+        self.stats["contiguous"] += self._contiguous
         return out
 
 

@@ -303,8 +303,8 @@ def test_an_unsupported_spec_is_refused_at_start_never_switched_while_running():
 @pytest.mark.parametrize("kernels", KERNELS)
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_fast_launch_equals_the_wrappers_run(scheme: str, kernels: str):
-    """_Launch (paged_run with the arguments fixed at plan time) is the wrapper's run, bit for bit,
-    and is what runs the single-call groups."""
+    """_Launch (paged_run or ragged_run with the arguments fixed at plan time) is the wrapper's
+    run, bit for bit, and is what runs every call."""
     rng = random.Random(f"fast-{scheme}-{kernels}")
     sp = spec(torch.bfloat16)
     fast, slow = (
@@ -317,6 +317,27 @@ def test_fast_launch_equals_the_wrappers_run(scheme: str, kernels: str):
         plan = make_plan(scheme, shapes)
         got = replay_attention(plan, fast, q, k, v)
         assert torch.equal(got, replay_attention(plan, slow, q, k, v)), f"{scheme} {shapes}"
-    single = [g for g in fast._groups if len(g.wrappers) == 1]
-    assert all(g.launch is not None for g in single), "a single-call group took the wrapper's run"
-    assert all(g.launch is None for g in slow._groups)
+    assert all(c.launch is not None for g in fast._groups for c in g.calls), "a call took the wrapper's run"
+    assert all(c.launch is None for g in slow._groups for c in g.calls)
+
+
+@pytest.mark.parametrize("kernels", KERNELS)
+@pytest.mark.parametrize("scheme", ["cascade", "naive", "ragged", "split_cache"])
+def test_contiguous_kv_equals_the_paged_pool(scheme: str, kernels: str):
+    """Calls that read one run of slots (cascade's three, naive's) run on the ragged-KV wrapper
+    and agree with the same calls through the paged pool; ragged's calls are not such runs."""
+    rng = random.Random(f"contiguous-{scheme}-{kernels}")
+    sp = spec(torch.bfloat16)
+    on, off = FlashInferBackend(sp, kernels=kernels), FlashInferBackend(sp, kernels=kernels, contiguous=False)
+    for trial in range(3):
+        shapes = random_shapes(rng)
+        q, k, v = random_qkv(shapes, sp, seed=300 + trial)
+        plan = make_plan(scheme, shapes)
+        check_close(
+            replay_attention(plan, on, q, k, v), replay_attention(plan, off, q, k, v), f"{scheme} {shapes}"
+        )
+    assert off.stats["contiguous"] == 0
+    if scheme in ("cascade", "naive"):
+        assert on.stats["contiguous"] == on.stats["calls"] > 0
+    if scheme == "ragged":
+        assert on.stats["contiguous"] < on.stats["calls"]
