@@ -3,6 +3,7 @@
     python -m bench.cost_fit fit bench/data/e2e.json bench/data/kernels_wide.json \
         bench/data/kernels_wide_p16384.json
     python -m bench.cost_fit evaluate bench/data/e2e.json [--objective forward|latency]
+    (``--e2e-more`` to both: later runs of some schemes that replace their results cell by cell)
 
 ``fit`` writes the predictor's data file, ``scorer/planning/cost_model.json``; ``evaluate`` compares
 ``auto`` with the article's rule and the fastest scheme on the held-out shapes.
@@ -210,6 +211,13 @@ def evaluation_markdown(rows: list[dict], summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def load_e2e(first: Path, more: list[Path]) -> dict:
+    """A model-level run, its cells filled by later runs of some schemes (``bench.e2e --schemes``):
+    per cell, a later run's result of a variant replaces the earlier one; the GEMM curve is the
+    first run's."""
+    return merge_grids([json.loads(p.read_text()) for p in (first, *more)])
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.cost_fit", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -218,21 +226,24 @@ def main(argv: list[str] | None = None) -> None:
     f.add_argument("kernels_json", type=Path, nargs="+", help="wide-grid runs; later files fill cells")
     f.add_argument("--out", type=Path, default=DATA)
     f.add_argument("--free-gemm", action="store_true", help="fit the GEMM coefficient b per scheme too")
+    more = "later model-level runs; their results replace the earlier ones cell by cell"
+    f.add_argument("--e2e-more", type=Path, nargs="*", default=[], help=more)
     e = sub.add_parser("evaluate", help="auto vs the article's rule vs the fastest, held-out shapes")
     e.add_argument("e2e_json", type=Path)
     e.add_argument("--model", type=Path, default=DATA)
     e.add_argument("--split", default="heldout")
     e.add_argument("--objective", choices=("latency", "forward"), default="latency")
+    e.add_argument("--e2e-more", type=Path, nargs="*", default=[], help=more)
     a = ap.parse_args(argv)
     if a.cmd == "fit":
         kernels = merge_grids([json.loads(k.read_text()) for k in a.kernels_json])
-        e2e = json.loads(a.e2e_json.read_text())
+        e2e = load_e2e(a.e2e_json, a.e2e_more)
         data = fit(kernels, e2e, fixed_gemm=not a.free_gemm)
         a.out.write_text(json.dumps(data, indent=1) + "\n")
         for name, c in data["fit"].items():
             print(f"{name:12s} a={c['a']:.3f} ms  b={c['b']:.3f}  c={c['c']:.3f}  (n={c['n']})")
     else:
-        e2e = json.loads(a.e2e_json.read_text())
+        e2e = load_e2e(a.e2e_json, a.e2e_more)
         rows, summary = evaluate(e2e, CostModel.load(a.model), a.split, a.objective)
         print(f"{a.split} shapes, objective: {a.objective} (ms)\n")
         print(evaluation_markdown(rows, summary))

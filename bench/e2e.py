@@ -79,8 +79,10 @@ MAX_MASK_TOKENS = 8_448
 NAIVE_DOMINATED = (3.0, 32_768)  # naive rows over the others' rows, and absolute rows
 
 
-def variants(m: int) -> list[tuple[str, int]]:
-    return [(s, 0) for s in SCHEMES] + [("grouped", g) for g in GROUP_SIZES if g < m]
+def variants(m: int, only: tuple[str, ...] = ()) -> list[tuple[str, int]]:
+    """Every ungrouped scheme and the grouped ones of each size below ``m``; ``only``: these labels."""
+    out = [(s, 0) for s in SCHEMES] + [("grouped", g) for g in GROUP_SIZES if g < m]
+    return [v for v in out if not only or get(v[0]).label(v[1]) in only]
 
 
 def skip_reason(scheme: str, shape: Shape) -> str | None:
@@ -146,13 +148,15 @@ def time_planner(scheme: str, group: int, shape: Shape):
     return plan, statistics.median(times)
 
 
-def measure_cell(engine: ModelRunner, shape: Shape, ids, pos, repeats: int) -> dict[str, dict]:
+def measure_cell(
+    engine: ModelRunner, shape: Shape, ids, pos, repeats: int, only: tuple[str, ...] = ()
+) -> dict[str, dict]:
     """Every variant of one shape, timed round-robin so that drift (clocks, host load) hits all
     variants alike; ``forward_ms`` is the median of ``repeats`` rounds (2 for forwards over 0.3 s),
     with the garbage collector paused."""
     out: dict[str, dict] = {}
     runs = {}
-    for scheme, group in variants(len(shape.item_lens)):
+    for scheme, group in variants(len(shape.item_lens), only):
         name = get(scheme).label(group)
         why = skip_reason(scheme, shape)
         if why:
@@ -200,6 +204,7 @@ def run(
     graph_max_tokens: int = 16384,
     compare: tuple[str, ...] = ("eager",),
     kernels: str = "flashinfer",
+    only: tuple[str, ...] = (),
 ) -> dict:
     model = build_model(device, layers, kernels)  # the serving configuration: fused kernels, graphs
     reference = build_model(device, layers)  # equal weights, HF's op order, eager
@@ -230,12 +235,11 @@ def run(
     result["graph_buckets"] = engine.graphs.buckets if engine.graphs else []
     counts = sorted({*result["graph_buckets"], *(n * graph_max_tokens for n in (2, 4) if layers == 28)})
     eager_counts = EAGER_CURVE[: 3 if layers < 28 else None]
-    curves = {
-        "graphs+fused": gemm_curve(engine.graphs or model, device, counts, mc.vocab_size),
-        "eager+fused": gemm_curve(model, device, eager_counts, mc.vocab_size),
-        "eager+torch": gemm_curve(reference, device, eager_counts, mc.vocab_size),
-    }
-    if device.type == "cuda" and graph_max_tokens:
+    curves = {"graphs+fused": gemm_curve(engine.graphs or model, device, counts, mc.vocab_size)}
+    if not only:  # a run of some schemes, to fill a full run's cells, needs its GEMM curve alone
+        curves["eager+fused"] = gemm_curve(model, device, eager_counts, mc.vocab_size)
+        curves["eager+torch"] = gemm_curve(reference, device, eager_counts, mc.vocab_size)
+    if device.type == "cuda" and graph_max_tokens and not only:
         torch_graphs = GraphedDecoder(reference, graph_max_tokens)
         torch_graphs.warm_up()
         curves["graphs+torch"] = gemm_curve(torch_graphs, device, counts, mc.vocab_size)
@@ -253,10 +257,10 @@ def run(
             continue
         shape = Shape(p, (s,) * m)
         ids, pos = shape_inputs(shape, mc.vocab_size, device)
-        cell["results"] = measure_cell(engine, shape, ids, pos, repeats)
+        cell["results"] = measure_cell(engine, shape, ids, pos, repeats, only)
         if split == "heldout":
             for key, other in others.items():
-                cell[key] = measure_cell(other, shape, ids, pos, repeats)
+                cell[key] = measure_cell(other, shape, ids, pos, repeats, only)
         for key in ("results", *others):
             timed = [(r["forward_ms"], k) for k, r in cell.get(key, {}).items() if "forward_ms" in r]
             if timed:
@@ -284,6 +288,11 @@ def main(argv: list[str] | None = None) -> None:
         default="flashinfer",
         help="of the main runs (the cost model is fitted to flashinfer)",
     )
+    ap.add_argument(
+        "--schemes",
+        default="",
+        help="comma-separated labels (e.g. cascade,grouped:16): only these, to fill an earlier run's cells",
+    )
     a = ap.parse_args(argv)
     if a.smoke:
         cells = [("smoke", c) for c in SMOKE]
@@ -303,6 +312,7 @@ def main(argv: list[str] | None = None) -> None:
         a.graph_max_tokens,
         compare,
         a.model_kernels,
+        tuple(x for x in a.schemes.split(",") if x),
     )
 
 

@@ -230,6 +230,7 @@ class _Call:
 class _Planned:
     rows: tuple[int, int]
     calls: list[_Call]  # the merge group: the first writes the output, the others merge into it
+    merge: tuple[torch.Tensor, ...] = ()  # a group of several: lse, and each other call's out and lse
 
 
 class FlashInferBackend:
@@ -289,6 +290,7 @@ class FlashInferBackend:
         self._groups: list[_Planned] = []
         self._num_calls = 0
         self._contiguous = 0
+        self._merge = merge_in_place()
 
     def kernel_for(self, c: AttentionCall) -> str:
         return choose_kernel(c, self.kernels, self._hopper)
@@ -297,15 +299,23 @@ class FlashInferBackend:
         """Plan every call of ``p`` (host metadata -> device, no synchronisation). A failure
         raises: the call fails, the backend stays FlashInfer."""
         slot = self._next_slot()
-        self._groups = [
-            _Planned(p.calls[members[0]].rows, [self._plan_call(slot, i, p.calls[i]) for i in members])
-            for members in p.merge_groups()
-        ]
+        self._groups = [self._plan_group(slot, p, members) for members in p.merge_groups()]
         ev = torch.cuda.Event()
         ev.record()
         self._ring_events[slot] = ev
         self._num_calls = len(p.calls)
         self._contiguous = sum(c.run_slots is not None for g in self._groups for c in g.calls)
+
+    def _plan_group(self, slot: int, p: Pass, members: list[int]) -> _Planned:
+        """The calls of one merge group, and for several the buffers of their merge, allocated
+        once per plan instead of once per layer."""
+        rows = p.calls[members[0]].rows
+        g = _Planned(rows, [self._plan_call(slot, i, p.calls[i]) for i in members])
+        if len(members) > 1:
+            s, n = self.spec, rows[1] - rows[0]
+            lse, lse2 = (torch.empty(n, s.num_qo_heads, dtype=torch.float32, device=s.device) for _ in range(2))
+            g.merge = (lse, torch.empty(n, s.num_qo_heads, s.head_dim, dtype=s.dtype, device=s.device), lse2)
+        return g
 
     def _next_slot(self) -> int:
         self._slot = (self._slot + 1) % RING
@@ -393,19 +403,26 @@ class FlashInferBackend:
             if not rest:
                 first(qs, k, v, os_)
                 continue
-            lse = torch.empty(q1 - q0, qs.shape[1], dtype=torch.float32, device=q.device)
+            lse, o2, lse2 = g.merge
             first(qs, k, v, os_, lse)
-            o2, lse2 = torch.empty_like(qs), torch.empty_like(lse)
             for c in rest:
                 c(qs, k, v, o2, lse2)
-                _merge_state_in_place(os_, lse, o2, lse2)
+                self._merge(os_, lse, o2, lse2)
             self.stats["merges"] += len(rest)
         self.stats["calls"] += self._num_calls
         self.stats["contiguous"] += self._contiguous
         return out
 
 
-def _merge_state_in_place(v, s, v_other, s_other) -> None:
+def merge_in_place():
+    """``flashinfer.merge_state_in_place`` (v, s, v_other, s_other: ``v``, ``s`` updated), as the
+    cascade module's op itself where ``FAST_RUN_VERSION`` is installed: the API wrapper's logging
+    and checks cost ~10 us a layer and its ``.to(float32)`` is a no-op on the float32 LSE here."""
     import flashinfer
 
-    flashinfer.merge_state_in_place(v, s, v_other, s_other)
+    if flashinfer.__version__ != FAST_RUN_VERSION:
+        return flashinfer.merge_state_in_place
+    from flashinfer.cascade import get_cascade_module
+
+    op = get_cascade_module().merge_state_in_place
+    return lambda v, s, v_other, s_other: op(v, s, v_other, s_other, None)

@@ -6,7 +6,8 @@
 source scripts/gpu/env.sh
 [ "${GPU_TESTS:-1}" = 1 ] && bash scripts/gpu/test.sh | tail -3
 timeout 120 python3 -m bench.plan_on_cache --workload "A'" --out "$OUT" 2>&1 | grep -v Warning | tail -8
-python3 -m bench.throughput --models qwen3-0.6b --workloads "${WORKLOADS:-A,A',E,B,C,D}" \
+WL="${WORKLOADS:-}" && [ -n "$WL" ] || WL="A,A',E,B,C,D"
+python3 -m bench.throughput --models qwen3-0.6b --workloads "$WL" \
   --systems "${SYSTEMS:-auto,ragged,cascade,multi_item}" --seconds 3 --budget-s "${1:-200}" \
   --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/throughput.log"
 python3 -m bench.throughput --models qwen3-8b --workloads A,B --systems "${SYSTEMS_8B:-auto,cascade}" --seconds 3 \
