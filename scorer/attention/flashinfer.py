@@ -313,7 +313,7 @@ class FlashInferBackend:
         g = _Planned(rows, [self._plan_call(slot, i, p.calls[i]) for i in members])
         if len(members) > 1:
             s, n = self.spec, rows[1] - rows[0]
-            lse, lse2 = (torch.empty(n, s.num_qo_heads, dtype=torch.float32, device=s.device) for _ in range(2))
+            lse, lse2 = (torch.empty(n, s.num_qo_heads, dtype=torch.float32, device=s.device) for _ in "ab")
             g.merge = (lse, torch.empty(n, s.num_qo_heads, s.head_dim, dtype=s.dtype, device=s.device), lse2)
         return g
 
