@@ -296,6 +296,16 @@ def engine_pids(replica: int) -> set[int]:
     return out
 
 
+def wait_until(condition, timeout_s: float, what: str, every_s: float = 0.05):
+    """``condition()``'s first truthy value, polled every ``every_s``; fails with ``what`` after
+    ``timeout_s``."""
+    give_up = time.monotonic() + timeout_s
+    while not (value := condition()):
+        assert time.monotonic() < give_up, what
+        time.sleep(every_s)
+    return value
+
+
 def kill(pid: int, timeout_s: float = 5.0) -> float:
     """SIGKILL the process and return when it was seen dead (gone, or a zombie): ``os.kill``
     returns before the kernel has torn it down, and a call sent in between still reaches it."""

@@ -31,6 +31,7 @@ from ray_app import (
     kill,
     reference,
     run_loaded,
+    wait_until,
 )
 
 from scorer.ray_serve import ScorerArgs, deployment_for
@@ -90,14 +91,6 @@ def test_two_replicas_split_the_load_and_score_as_the_engine(pair):
     print(f"\n{len(calls)} calls in {STEADY_S:g} s, OK calls per replica port: {served}")
 
 
-def _wait(condition, timeout_s: float, what: str, every_s: float = 0.01):
-    give_up = time.monotonic() + timeout_s
-    while not (value := condition()):
-        assert time.monotonic() < give_up, what
-        time.sleep(every_s)
-    return value
-
-
 def _serving(pair: LoadedApp, old: set[int]) -> dict[int, int] | None:
     """The replicas, once one that is not in ``old`` has answered a call OK."""
     replicas = pair.ports()
@@ -118,12 +111,17 @@ def test_one_replica_killed_under_load_the_other_serves_and_serve_brings_it_back
     with pair.load(DEADLINE_S, BURST, PERIOD_S) as load:
         time.sleep(2 * PERIOD_S)
         # just after a burst, while the victim holds a call in its forward and one queued
-        _wait(
-            lambda: pair.metric(victim_port, "scorer_inflight_requests") >= 2, 10, "the victim held no calls"
+        wait_until(
+            lambda: pair.metric(victim_port, "scorer_inflight_requests") >= 2,
+            10,
+            "the victim held no calls",
+            0.01,
         )
         killed = kill(victim)
         survivor_at_kill = pair.served(survivor_port)
-        after = _wait(lambda: _serving(pair, set(replicas)), 120, "no new replica served in 2 minutes", 0.1)
+        after = wait_until(
+            lambda: _serving(pair, set(replicas)), 120, "no new replica served in 2 minutes", 0.1
+        )
         recovered = time.monotonic()
         survivor_in_outage = pair.served(survivor_port) - survivor_at_kill
         (new_port,) = set(after.values()) - {survivor_port}

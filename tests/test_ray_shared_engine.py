@@ -31,6 +31,7 @@ from ray_app import (
     kill,
     replica_pids,
     shared_engine_app,
+    wait_until,
 )
 
 pytestmark = pytest.mark.slow
@@ -61,17 +62,9 @@ def shared(ray_app: RayApp) -> Iterator[LoadedApp]:
     )
 
 
-def _wait(condition, timeout_s: float, what: str, every_s: float = 0.05):
-    give_up = time.monotonic() + timeout_s
-    while not (value := condition()):
-        assert time.monotonic() < give_up, what
-        time.sleep(every_s)
-    return value
-
-
 def _the_engine(shared: LoadedApp) -> tuple[int, int, int]:
     """(Engine replica pid, its engine process pid, its metrics port), once it has them."""
-    (replica, port) = _wait(lambda: list(shared.ports("Engine").items()), 60, "no Engine replica")[0]
+    (replica, port) = wait_until(lambda: list(shared.ports("Engine").items()), 60, "no Engine replica")[0]
     (child,) = engine_pids(replica)
     return replica, child, port
 
@@ -115,10 +108,12 @@ def test_a_front_end_killed_under_load_the_other_serves_and_the_new_one_joins_th
     with shared.load(DEADLINE_S, BURST, PERIOD_S) as load:
         time.sleep(1.0)
         holds = lambda: shared.metric(fronts[victim], "scorer_inflight_requests") >= 1  # noqa: E731
-        _wait(holds, 10, "the victim held no call")
+        wait_until(holds, 10, "the victim held no call")
         killed = kill(victim)
         at_kill = shared.served(fronts[survivor])
-        after = _wait(lambda: _serving(shared, set(fronts)), 120, "no new front end served in 2 minutes", 0.1)
+        after = wait_until(
+            lambda: _serving(shared, set(fronts)), 120, "no new front end served in 2 minutes", 0.1
+        )
         recovered = time.monotonic()
         in_outage = shared.served(fronts[survivor]) - at_kill
         time.sleep(RECOVERED_S)
@@ -153,9 +148,13 @@ def test_the_engine_killed_under_load_serve_replaces_it_and_its_front_ends_and_c
     with shared.load(DEADLINE_S, BURST, PERIOD_S) as load:
         time.sleep(1.0)
         killed = kill(engine_replica)
-        _wait(lambda: load.first_answer(after=killed + 1.0), 180, "no call succeeded within 3 minutes", 0.1)
+        wait_until(
+            lambda: load.first_answer(after=killed + 1.0), 180, "no call succeeded within 3 minutes", 0.1
+        )
         recovered = time.monotonic()
-        _wait(lambda: not set(fronts) & replica_pids(SHARED), 60, "a front end of the dead engine stayed")
+        wait_until(
+            lambda: not set(fronts) & replica_pids(SHARED), 60, "a front end of the dead engine stayed"
+        )
         time.sleep(RECOVERED_S)
     calls = load.calls
 

@@ -1,8 +1,10 @@
-"""FlashInfer attention: every attention call of a plan as one paged batch-prefill call.
+"""FlashInfer attention: every attention call of a plan as one batch-prefill call.
 
 The K/V of a layer is the page pool itself (``page_size = 1``): ``k`` and ``v`` of shape
-``[slots, Hkv, D]`` are handed to FlashInfer as ``[slots, 1, Hkv, D]`` views, so no K/V is
-copied. ``plan`` runs once per forward pass: it turns the host-side metadata of each call into
+``[slots, Hkv, D]`` are handed to the paged wrapper as ``[slots, 1, Hkv, D]`` views, so no K/V is
+copied; a call whose requests read one consecutive run of slots (``contiguous_run``: cascade's
+levels, naive) goes to the ragged-KV wrapper as that run's ``k[a:b]``, without a page table.
+``plan`` runs once per forward pass: it turns the host-side metadata of each call into
 FlashInfer's plan (indptrs, page table, kMultiItemScoring metadata or the packed custom mask)
 and moves it to the device with non-blocking copies; ``run`` then only launches kernels, once
 per layer, and never waits on the device. Calls over the same rows (cascade's shared and
@@ -22,9 +24,9 @@ Facts this relies on (FlashInfer 0.6.15.post1, see the GPU kit's README):
   over ``RING`` sets, guarded by an event).
 * The wrapper's ``run`` spends ~40 us of Python per call (checks, defaults, API logging) around
   a ~17 us launch: 1.1 ms of a 28-layer forward of one call, most of what a call on an idle
-  server waits for. ``_Launch`` builds the arguments of the module's ``paged_run`` once per plan,
-  as ``run`` builds them in FlashInfer ``FAST_RUN_VERSION`` (AOT modules, no cuDNN/TRT-LLM, no
-  fp8, NHD); other versions take ``run`` itself.
+  server waits for. ``_Launch`` builds the arguments of the module's ``paged_run`` (or
+  ``ragged_run``) once per plan, as ``run`` builds them in FlashInfer ``FAST_RUN_VERSION`` (AOT
+  modules, no cuDNN/TRT-LLM, no fp8, NHD); other versions take ``run`` itself.
 """
 
 from __future__ import annotations
