@@ -57,6 +57,10 @@ class EngineConfig:
     group_size: int = DEFAULT_GROUP_SIZE
     max_custom_mask_tokens: int = 32768
     max_tokens_per_pass: int = 0  # 0: no limit; a larger request is split, reusing its prompt's K/V
+    prompt_recompute_share: float | None = None
+    """A split request computes its prompt again in each pass (no K/V pool, no copies) where that
+    adds at most this share of its rows; None: what the copies cost on the model (``copy_share``),
+    0: never."""
     auto_policy: str = "default"  # see planning.choose.auto_policy
     max_doc_bytes: int = MAX_DOC_BYTES
     max_request_bytes: int = MAX_REQUEST_BYTES
@@ -153,6 +157,8 @@ class Engine(Tokenizing):
         super().__init__(tokenizer, info)
         self.runner = runner
         self.cache = cache
+        share = self.config.prompt_recompute_share
+        self.recompute_share = copy_share(mc) if share is None else share
 
     @property
     def device(self) -> torch.device:
@@ -174,10 +180,13 @@ class Engine(Tokenizing):
             job, shape=shape, scheme=scheme, group_size=group, tokens=scheme.rows(shape), cache_hint=hint
         )
 
-    def plan(self, jobs: Sequence[Job], cached: Sequence[int] = ()) -> Plan:
-        """One checked plan for the batch (see ``planning.plan_batch``); ``cached``: the prompt
-        tokens of each job read from the prefix cache, left out of the plan (see ``on_pool``)."""
+    def plan(self, jobs: Sequence[Job], cached: Sequence[int] | None = None) -> Plan:
+        """One checked plan for the batch (see ``planning.plan_batch``); ``cached`` (a plan for
+        the prefix cache's pool): the prompt tokens of each job read from the cache, left out of
+        the plan (see ``on_pool``). On the pool the graphs write every pass's K/V, so a split
+        request never computes its prompt again there."""
         c = self.config
+        share = self.recompute_share if cached is None else 0.0
         cached = cached or [0] * len(jobs)
         shapes = [
             j.shape if not (n or j.shape.cached) else Shape(j.shape.prefix_len - n, j.shape.item_lens)
@@ -187,6 +196,7 @@ class Engine(Tokenizing):
             [(s, j.scheme, j.group_size) for s, j in zip(shapes, jobs, strict=True)],
             c.max_tokens_per_pass,
             c.max_custom_mask_tokens,
+            share,
         )
 
     def score(self, req: ScoreRequest) -> ScoreResult:
@@ -256,6 +266,20 @@ class Engine(Tokenizing):
         except BaseException:
             lease.abort()
             raise
+
+
+FLOPS_PER_BYTE = 165.0
+"""An H200's bf16 GEMM rate over its memory bandwidth as measured here (~711 TFLOP/s, 4.3 TB/s):
+what a byte moved costs in FLOPs of compute (an A100 or H100 is within ~10% of it)."""
+
+
+def copy_share(mc) -> float:
+    """What copying a split request's K/V into its pool costs, in rows of forward per row: two
+    copies a layer of ``kv`` values, each read and written, against the layer's GEMMs
+    (``2 * params`` FLOPs a row). Qwen3-0.6B: 0.043 (measured: 1.7 ms of C's 43 ms); 8B: 0.003."""
+    q, kv, h = mc.num_heads * mc.head_dim, mc.num_kv_heads * mc.head_dim, mc.hidden_size
+    params = h * (q + 2 * kv) + q * h + 3 * h * mc.intermediate_size
+    return 2 * 2 * kv * 2 * FLOPS_PER_BYTE / (2 * params)
 
 
 def logical_tokens(

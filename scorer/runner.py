@@ -63,6 +63,7 @@ class ModelRunner:
             pool = CachePool(cache.k, cache.v)
         else:
             pool = KVPool(plan, mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype, self.device)
+            self.stats["pooled_forwards"] += pool.pools is not None  # passes copying K/V for later ones
         rows = []
         for p, score_rows in zip(plan.passes, plan.score_rows, strict=True):
             self.backend.plan(p)

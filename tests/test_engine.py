@@ -116,16 +116,22 @@ def test_naive_recomputes_the_prompt_per_doc(engine):
     assert engine.runner.stats["tokens_computed"] == 2 * 50 + 7 == result.usage.tokens_computed
 
 
-def test_request_over_the_token_budget_is_split_and_still_exact(tmp_path, monkeypatch, engine):
+@pytest.mark.parametrize("share", [0.0, 1.0])
+def test_request_over_the_token_budget_is_split_and_still_exact(tmp_path, monkeypatch, engine, share):
+    """Split passes reuse the prompt's K/V from a pool, or (``share`` 1: recomputing 40 of 120
+    rows is within it) compute it again in each pass and need no pool."""
     monkeypatch.setenv("SCORER_CACHE_DIR", str(tmp_path))
-    small = build_engine(attention_backend="torch", config=EngineConfig(max_tokens_per_pass=60))
+    cfg = EngineConfig(max_tokens_per_pass=60, prompt_recompute_share=share)
+    small = build_engine(attention_backend="torch", config=cfg)
     rng = random.Random(3)
     prompt, docs = random_ids(rng, 40), [random_ids(rng, 10) for _ in range(8)]
     for scheme in ("multi_item", "ragged", "cascade"):
         small.runner.stats.clear()
         got = small.score(ids_request(prompt, docs, scheme))
-        assert small.runner.stats["forward_passes"] > 1
-        assert small.runner.stats["tokens_computed"] == 40 + 80
+        passes = small.runner.stats["forward_passes"]
+        assert passes > 1
+        assert small.runner.stats["tokens_computed"] == (40 + 80 if share == 0 else 40 * passes + 80)
+        assert small.runner.stats["pooled_forwards"] == (share == 0)
         torch.testing.assert_close(
             logprobs(got), logprobs(engine.score(ids_request(prompt, docs, "naive"))), atol=1e-4, rtol=0
         )

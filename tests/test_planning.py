@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from replay import replay_attention
 
 from scorer.attention.base import HeadSpec
+from scorer.attention.kvpool import KVPool
 from scorer.attention.torch_ref import TorchBackend, request_mask
 from scorer.planning import REGISTRY, PlanError, Shape, base, check_plan, combine, get
 from scorer.planning.base import ItemLoc, MultiItem, call, multi_item_meta, with_score_rows
@@ -302,6 +303,42 @@ def test_split_to_budget_reuses_the_prompt_and_equals_naive(shape, scheme, budge
             shape.prefix_len if name == "naive" or p is plan.passes[0] else 0
         )
         assert p.num_rows <= max(budget, multi_item_rows)
+
+
+@given(shape=shape_st, scheme=st.sampled_from(CONCRETE), budget=st.integers(1, 2000))
+@example(shape=Shape(50, (10,) * 12), scheme="cascade", budget=80)
+@example(shape=Shape(50, (10,) * 12), scheme="split_cache", budget=80)
+def test_split_recomputing_the_prompt_needs_no_pool_and_equals_naive(shape, scheme, budget):
+    """With room to recompute, each chunk is the prompt and its items, a pass that reads only its
+    own rows: no K/V pool (no copies), the same scores."""
+    name, _, g = scheme.partition(":")
+    plan = split_to_budget(get(name), shape, budget, int(g or 8), recompute_share=1e9)
+    check_plan(plan, 32768)
+    q, k, v = _random_qkv([shape], seed=2)
+    expected = replay_attention(REGISTRY["naive"].plan([shape]), _backend(), q, k, v)
+    torch.testing.assert_close(replay_attention(plan, _backend(), q, k, v), expected, atol=1e-4, rtol=1e-4)
+    chunks = chunk_items(shape, budget, naive=False, recompute=True)
+    prefix_rows = sum(int((p.logical < shape.prefix_len).sum()) for p in plan.passes)
+    assert prefix_rows == shape.prefix_len * len(chunks)
+    if name != "split_cache":  # its own plan is two passes, the items reading the prompt's
+        assert len(plan.passes) == len(chunks)
+        assert all(p.slot_offset == 0 for p in plan.passes)
+        assert KVPool(plan, 1, 2, 4, torch.float32, "cpu").pools is None
+    for p in plan.passes:
+        assert p.num_rows <= max(budget, shape.prefix_len + max(shape.item_lens))
+
+
+def test_split_recomputes_the_prompt_only_within_its_share():
+    shape = Shape(100, (400,) * 50)  # workload C: 20,100 rows in passes of at most 16,384
+    reuse = split_to_budget(get("ragged"), shape, 16384, 0, recompute_share=0.0)
+    assert [p.num_rows for p in reuse.passes] == [16100, 4000]
+    assert [p.slot_offset for p in reuse.passes] == [0, 16100]
+    again = split_to_budget(get("ragged"), shape, 16384, 0, recompute_share=0.01)  # 100 <= 201
+    assert [p.num_rows for p in again.passes] == [16100, 4100]
+    assert [p.slot_offset for p in again.passes] == [0, 0]
+    assert len(split_to_budget(get("ragged"), shape, 16384, 0, recompute_share=0.004).passes[1].logical) == 4000
+    long_prompt = Shape(2000, (100,) * 200)  # 22,000 rows: recomputing 2,000 of them does not pay
+    assert split_to_budget(get("ragged"), long_prompt, 16384, 0, recompute_share=0.043).passes[1].slot_offset > 0
 
 
 def _mask_keys_per_query(c) -> float:

@@ -9,12 +9,13 @@ from ..planning import Pass, Plan
 
 
 class KVPool:
-    """Pass ``k`` writes its rows' K/V to slots ``slot_offset + row``. A single-pass plan needs
-    no pool: each layer's own K/V is the pool, with no copy."""
+    """Pass ``k`` writes its rows' K/V to slots ``slot_offset + row``. A plan whose passes all
+    read only their own rows (``slot_offset`` 0: one pass, or a split request's chunks that
+    compute their prompt again) needs no pool: each layer's own K/V is the pool, with no copy."""
 
     def __init__(self, plan: Plan, num_layers: int, num_kv_heads: int, head_dim: int, dtype, device) -> None:
         self.pools = None
-        if len(plan.passes) > 1:
+        if any(p.slot_offset for p in plan.passes):
             shape = (plan.num_slots, num_kv_heads, head_dim)
             self.pools = [
                 (

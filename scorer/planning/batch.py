@@ -16,13 +16,16 @@ Planned = tuple[Shape, Scheme, int]
 """What the batch planner needs of a request: its shape, concrete scheme and group size."""
 
 
-def plan_batch(requests: Sequence[Planned], budget: int, mask_cap: int) -> Plan:
+def plan_batch(
+    requests: Sequence[Planned], budget: int, mask_cap: int, recompute_share: float = 0.0
+) -> Plan:
     """Requests of the same (scheme, group size) planned together, the groups combined; a lone
-    request over ``budget`` tokens split into passes that reuse its prompt's K/V."""
+    request over ``budget`` tokens split into passes that reuse its prompt's K/V, or compute a
+    short prompt again (``split_to_budget``'s ``recompute_share``)."""
     if len(requests) == 1 and budget:
         shape, scheme, group = requests[0]
         if scheme.rows(shape) > budget:
-            plan = split_to_budget(scheme, shape, budget, group)
+            plan = split_to_budget(scheme, shape, budget, group, recompute_share)
             check_plan(plan, mask_cap)
             return with_score_rows(plan, [0])
     keys = [(scheme.name, group) for _, scheme, group in requests]

@@ -72,9 +72,12 @@ def on_pool(plan: Plan, hits: Sequence[PrefixHit], scratch: Callable[[int], torc
     )
     passes, at = [], 0
     for p in plan.passes:
-        if p.slot_offset != at:
-            raise ValueError("on_pool expects passes whose slots follow each other")
-        calls = tuple(_call(c, slot_of, cached) for c in p.calls)
+        if p.slot_offset not in (0, at):
+            raise ValueError("on_pool expects passes whose slots follow each other or start at 0")
+        # a pass at slot_offset 0 after others reads only its own rows, numbered from 0
+        base = at - p.slot_offset
+        own = replace(cached, slot_owner=cached.slot_owner[base:]) if base else cached
+        calls = tuple(_call(c, slot_of[base:], own) for c in p.calls)
         passes.append(Pass(p.logical, 0, calls, slots=torch.from_numpy(slot_of[at : at + p.num_rows])))
         at += p.num_rows
     return replace(plan, passes=tuple(passes))
