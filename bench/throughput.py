@@ -8,7 +8,9 @@ label ids. For each workload (prompt + N docs of S tokens) and system:
   kernel forced instead of chosen per call, ``auto@coarse`` on CUDA-graph buckets growing by 1/8
   alone, ``auto@lt`` with its GEMMs captured from cuBLASLt instead of cuBLAS, ``auto@exact`` with
   cuBLAS's reduced-precision bf16 split-K reductions off, ``BLAS``; ``@paged`` with every
-  attention call through the paged pool, also those that read one run of slots): batches of at most
+  attention call through the paged pool, also those that read one run of slots; ``@copyv`` with
+  q, k and v written to three buffers instead of left in the QKV GEMM's output; ``@pool`` with a
+  split call's passes reusing its prompt's K/V from a pool, never computing it again): batches of at most
   ``--budget`` tokens formed as the server's batcher forms them at saturation (``full_batches``:
   no runt at the list's end) and pipelined as it runs them (the next batch launched before the
   last is collected); docs/s at saturation, one idle call's p50/p95, peak GPU memory;
@@ -408,6 +410,8 @@ def engine_for(
     fine_top: bool = True,
     blas: str = "default",
     contiguous: bool = True,
+    qkv_in_place: bool = True,
+    recompute: bool = True,
 ) -> Engine:
     """The serving configuration (FlashInfer, CUDA graphs); the torch reference on the CPU (smoke);
     the embedded tokenizer, for the text calls. ``defer=False``: each layer adds its MLP residual
@@ -415,10 +419,13 @@ def engine_for(
     ``attention``: FlashInfer's prefill kernels (``auto``: per call, ``fa2``, ``fa3``);
     ``fine_top=False``: the CUDA-graph buckets growing by 1/8 alone (before section 15's);
     ``blas``: how the graphs' GEMMs are chosen (``BLAS``); ``contiguous=False``: every attention call
-    through the paged pool (``FlashInferBackend``'s ``contiguous``)."""
+    through the paged pool (``FlashInferBackend``'s ``contiguous``); ``qkv_in_place=False``: the
+    heads copied out of the QKV GEMM's output (``DecoderLM.qkv_in_place``); ``recompute=False``: a
+    split call never computes its prompt again (``EngineConfig.prompt_recompute_share`` 0)."""
     cuda = device.type == "cuda"
     model = build_model(device, cfg["num_hidden_layers"], kernels if cuda else "torch", cfg)
     model.defers_residual = model.defers_residual and defer
+    model.qkv_in_place = model.qkv_in_place and qkv_in_place
     mc = model.config
     spec = HeadSpec(mc.num_heads, mc.num_kv_heads, mc.head_dim, torch.bfloat16, device)
     if cuda:
@@ -432,7 +439,11 @@ def engine_for(
         runner.graphs.buckets = buckets(runner.graphs.max_tokens, fine_top=False)
     with blas_choice(blas):
         runner.capture_graphs()
-    config = EngineConfig(max_tokens_per_pass=budget, auto_policy="calibrated")
+    config = EngineConfig(
+        max_tokens_per_pass=budget,
+        auto_policy="calibrated",
+        prompt_recompute_share=None if recompute else 0.0,
+    )
     return Engine(runner, embedded_tokenizer(), config)
 
 
@@ -452,7 +463,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--systems",
         default="",
-        help="auto, auto@flashinfer, auto@fa3, auto@lt, auto@paged, a scheme, hf_naive, hf_prefix",
+        help="auto, auto@flashinfer, auto@fa3, auto@lt, auto@paged, auto@copyv, auto@pool, a scheme,"
+        " hf_naive, hf_prefix",
     )
     ap.add_argument("--seconds", type=float, default=4.0, help="per system, at saturation")
     ap.add_argument("--cache-systems", default="auto,auto+cache", help="the systems of the repeat workloads")
@@ -502,7 +514,7 @@ def main(argv: list[str] | None = None) -> None:
                 attention = at if at in ("fa2", "fa3") else "auto"
                 kernels = "hf" if system.startswith("hf_") else at if at == "flashinfer" else "fused"
                 blas = at if at in BLAS else "default"
-                key = f"{kernels}/{attention}/{at == 'coarse'}/{blas}/{at == 'paged'}" + (
+                key = f"{kernels}/{attention}/{at == 'coarse'}/{blas}/{at}" + (
                     "+cache" if system.endswith("+cache") else ""
                 )
                 scheme = system.split("@")[0].removesuffix("+cache")
@@ -521,6 +533,8 @@ def main(argv: list[str] | None = None) -> None:
                                 fine_top=at != "coarse",
                                 blas=blas,
                                 contiguous=at != "paged",
+                                qkv_in_place=at != "copyv",
+                                recompute=at != "pool",
                             )
                         )
                     if key not in engines:  # the same model and runner, with a pool

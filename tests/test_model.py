@@ -298,17 +298,25 @@ def test_fused_kernel_wiring_matches_the_eager_model(
     assert model.fused and model.model.layers[0].mlp.gate_proj.weight.data_ptr() == (
         model.model.layers[0].mlp.gate_up[0].data_ptr()
     )
-    torch.testing.assert_close(ours_logits(model, input_ids, positions), expected, atol=1e-4, rtol=0)
-    graphs = GraphedDecoder(model, 32, capture=False)
-    graphs.warm_up()
+    assert model.qkv_in_place == (kernels == "fused")
 
     def attn(layer, q, k, v, out=None):
         return out.copy_(causal_attention(layer, q, k, v))
 
-    with torch.no_grad():
-        hidden = graphs.forward_hidden(input_ids, positions, attn)
-        torch.testing.assert_close(model.score_logits(hidden), expected, atol=1e-4, rtol=0)
-    assert graphs.stats["graphed_forwards"] == 1
+    # "fused": q/k normed in place in the QKV GEMM's output and v left there (strided heads), or
+    # the heads written to buffers of their own
+    for in_place in (True, False) if kernels == "fused" else (False,):
+        model.qkv_in_place = in_place
+        torch.testing.assert_close(ours_logits(model, input_ids, positions), expected, atol=1e-4, rtol=0)
+        graphs = GraphedDecoder(model, 32, capture=False)
+        graphs.warm_up()
+        assert (graphs.qkv is not None) == in_place
+        if in_place:
+            assert graphs.v.data_ptr() > graphs.k.data_ptr() > graphs.q.data_ptr() == graphs.qkv.data_ptr()
+        with torch.no_grad():
+            hidden = graphs.forward_hidden(input_ids, positions, attn)
+            torch.testing.assert_close(model.score_logits(hidden), expected, atol=1e-4, rtol=0)
+        assert graphs.stats["graphed_forwards"] == 1
 
 
 @pytest.mark.parametrize("graphed", [False, True])

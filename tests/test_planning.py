@@ -336,9 +336,13 @@ def test_split_recomputes_the_prompt_only_within_its_share():
     again = split_to_budget(get("ragged"), shape, 16384, 0, recompute_share=0.01)  # 100 <= 201
     assert [p.num_rows for p in again.passes] == [16100, 4100]
     assert [p.slot_offset for p in again.passes] == [0, 0]
-    assert len(split_to_budget(get("ragged"), shape, 16384, 0, recompute_share=0.004).passes[1].logical) == 4000
+    assert (
+        len(split_to_budget(get("ragged"), shape, 16384, 0, recompute_share=0.004).passes[1].logical) == 4000
+    )
     long_prompt = Shape(2000, (100,) * 200)  # 22,000 rows: recomputing 2,000 of them does not pay
-    assert split_to_budget(get("ragged"), long_prompt, 16384, 0, recompute_share=0.043).passes[1].slot_offset > 0
+    assert (
+        split_to_budget(get("ragged"), long_prompt, 16384, 0, recompute_share=0.043).passes[1].slot_offset > 0
+    )
 
 
 def _mask_keys_per_query(c) -> float:

@@ -55,6 +55,7 @@ class Attention(nn.Module):
         self.head_dim = config.head_dim
         self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
         self.one_gemm = one_gemm  # q/k/v as one GEMM and the Triton kernel (after merge_qkv)
+        self.in_place = True  # that kernel on the GEMM's output in place (``DecoderLM.qkv_in_place``)
         self.qkv_proj: tuple[torch.Tensor, torch.Tensor | None] | None = None
         hidden, bias = config.hidden_size, config.attention_bias
         q_size, kv_size = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
@@ -71,23 +72,29 @@ class Attention(nn.Module):
         """One GEMM for q, k and v: their weights become views of one tensor."""
         self.qkv_proj = _merge(self.q_proj, self.k_proj, self.v_proj)
 
-    def qkv(self, x: torch.Tensor, rope: Rope, out: QKV | None = None) -> QKV:
-        """RoPE'd (and q/k-normed) heads of x [T, hidden]; written into ``out`` when given."""
+    def qkv(self, x: torch.Tensor, rope: Rope, out: QKV | torch.Tensor | None = None) -> QKV:
+        """RoPE'd (and q/k-normed) heads of x [T, hidden]; written into ``out`` when given. After
+        ``merge_qkv``, ``out`` may instead be one ``[T, (Hq + 2 Hkv) D]`` buffer: the GEMM writes
+        it, q and k are normed and rotated in place, and the heads returned are views of it
+        (``in_place``, also without ``out``; else q, k and v are written into ``out``'s three)."""
         T = x.shape[0]
         if self.qkv_proj is not None:
-            qo, ko, vo = out or (
-                x.new_empty(T, self.num_heads, self.head_dim),
-                x.new_empty(T, self.num_kv_heads, self.head_dim),
-                x.new_empty(T, self.num_kv_heads, self.head_dim),
-            )
+            hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+            w, b = self.qkv_proj
+            if isinstance(out, torch.Tensor):
+                qkv = torch.mm(x, w.t(), out=out) if b is None else torch.addmm(b, x, w.t(), out=out)
+            else:
+                qkv = F.linear(x, w, b)
+            if out is None and not self.in_place:
+                out = (x.new_empty(T, hq, d), x.new_empty(T, hkv, d), x.new_empty(T, hkv, d))
+            qo, ko, vo = out if isinstance(out, tuple) else (*triton_ops.qkv_views(qkv, hq, hkv, d)[:2], None)
             norms = (
                 (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
                 if self.qk_norm
                 else (None, None, 0.0)
             )
             return triton_ops.qk_norm_rope(
-                F.linear(x, *self.qkv_proj), *norms, rope.positions, rope.cache,
-                self.num_heads, self.num_kv_heads, self.head_dim, qo, ko, vo,
+                qkv, *norms, rope.positions, rope.cache, hq, hkv, d, qo, ko, vo,
             )  # fmt: skip
         q = self.q_proj(x).view(T, -1, self.head_dim)
         k = self.k_proj(x).view(T, -1, self.head_dim)
@@ -142,7 +149,11 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, fused)
 
     def qkv(
-        self, h: torch.Tensor, rope: Rope, out: QKV | None = None, pending: torch.Tensor | None = None
+        self,
+        h: torch.Tensor,
+        rope: Rope,
+        out: QKV | torch.Tensor | None = None,
+        pending: torch.Tensor | None = None,
     ) -> QKV:
         """The first half of the layer, up to attention. ``pending``: the last layer's MLP output,
         not yet added to ``h``; the add is fused into this layer's input norm (``h`` updated in
@@ -206,6 +217,18 @@ class DecoderLM(nn.Module):
         return self.kernels != "torch"
 
     @property
+    def qkv_in_place(self) -> bool:
+        """Do q, k and v stay where the one QKV GEMM wrote them (``kernels="fused"``), q and k
+        normed and rotated in place, v never copied? Attention then reads strided heads: 4 KB a
+        token a layer less traffic on Qwen3-0.6B. Settable before graphs are built (benchmarks)."""
+        return self.kernels == "fused" and all(layer.self_attn.in_place for layer in self.model.layers)
+
+    @qkv_in_place.setter
+    def qkv_in_place(self, value: bool) -> None:
+        for layer in self.model.layers:
+            layer.self_attn.in_place = value
+
+    @property
     def num_layers(self) -> int:
         return len(self.model.layers)
 
@@ -239,9 +262,15 @@ class DecoderLM(nn.Module):
         return self.model.rotary_emb(positions, dtype)
 
     def layer_qkv(
-        self, i: int, h: torch.Tensor, rope: Rope, out: QKV | None = None, pending: torch.Tensor | None = None
+        self,
+        i: int,
+        h: torch.Tensor,
+        rope: Rope,
+        out: QKV | torch.Tensor | None = None,
+        pending: torch.Tensor | None = None,
     ) -> QKV:
-        """Layer ``i`` up to attention: its RoPE'd heads (into ``out`` when given); ``pending``:
+        """Layer ``i`` up to attention: its RoPE'd heads (into ``out`` when given: three buffers,
+        or with ``qkv_in_place`` the one the QKV GEMM writes, ``Attention.qkv``); ``pending``:
         the MLP output of layer ``i - 1`` still to add to ``h`` (``defers_residual``)."""
         return self.model.layers[i].qkv(h, rope, out, pending)
 

@@ -34,6 +34,7 @@ import torch
 
 from .decoder import AttnFn, DecoderLM
 from .rope import Rope
+from .triton_ops import qkv_views
 
 log = logging.getLogger(__name__)
 
@@ -77,10 +78,16 @@ class GraphedDecoder:
         self.ids = torch.zeros(n, dtype=torch.long, device=dev)
         self.pos = torch.zeros(n, dtype=torch.long, device=dev)
         self.h = torch.zeros(n, mc.hidden_size, dtype=dt, device=dev)
-        self.q = torch.zeros(n, mc.num_heads, mc.head_dim, dtype=dt, device=dev)
-        self.k = torch.zeros(n, mc.num_kv_heads, mc.head_dim, dtype=dt, device=dev)
-        self.v = torch.zeros_like(self.k)
-        self.attn = torch.zeros_like(self.q)
+        self.qkv = None  # the QKV GEMM's output, q/k/v views of it (``qkv_in_place``)
+        if model.qkv_in_place:
+            width = (mc.num_heads + 2 * mc.num_kv_heads) * mc.head_dim
+            self.qkv = torch.zeros(n, width, dtype=dt, device=dev)
+            self.q, self.k, self.v = qkv_views(self.qkv, mc.num_heads, mc.num_kv_heads, mc.head_dim)
+        else:
+            self.q = torch.zeros(n, mc.num_heads, mc.head_dim, dtype=dt, device=dev)
+            self.k = torch.zeros(n, mc.num_kv_heads, mc.head_dim, dtype=dt, device=dev)
+            self.v = torch.zeros_like(self.k)
+        self.attn = torch.zeros(n, mc.num_heads, mc.head_dim, dtype=dt, device=dev)
         # the MLP output each segment leaves for the next one's fused add-and-norm
         self.pending = torch.zeros_like(self.h) if model.defers_residual else None
         self.cos = self.sin = None  # HF's RoPE tables; the fused RoPE reads its cache instead
@@ -134,7 +141,8 @@ class GraphedDecoder:
             if pending is not None:
                 h.add_(pending)
             return
-        m.layer_qkv(i, h, rope, out=(self.q[:n], self.k[:n], self.v[:n]), pending=pending if i else None)
+        out = self.qkv[:n] if self.qkv is not None else (self.q[:n], self.k[:n], self.v[:n])
+        m.layer_qkv(i, h, rope, out=out, pending=pending if i else None)
         if self.pool is not None:
             self.pool[0][i].index_copy_(0, self.slots[:n], self.k[:n])
             self.pool[1][i].index_copy_(0, self.slots[:n], self.v[:n])

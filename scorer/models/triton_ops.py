@@ -73,6 +73,19 @@ def qk_norm_rope_reference(
     return q, k, (v if v_out is None else v_out.copy_(v))
 
 
+def qkv_views(qkv: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim: int) -> QKV:
+    """q [T, Hq, D], k and v [T, Hkv, D] as views of ``qkv``'s columns (row stride that of ``qkv``):
+    ``qk_norm_rope(qkv, ..., *qkv_views(qkv, ...)[:2])`` normalises and rotates q and k in place
+    and leaves v where the GEMM wrote it, so nothing is copied (attention reads strided heads)."""
+    d = head_dim
+    q_end, k_end = num_q_heads * d, (num_q_heads + num_kv_heads) * d
+    return (
+        qkv[:, :q_end].unflatten(1, (num_q_heads, d)),
+        qkv[:, q_end:k_end].unflatten(1, (num_kv_heads, d)),
+        qkv[:, k_end : k_end + num_kv_heads * d].unflatten(1, (num_kv_heads, d)),
+    )
+
+
 def default_config(
     num_tokens: int, num_q_heads: int, num_kv_heads: int, head_dim: int
 ) -> tuple[int, int, int, bool]:
@@ -113,10 +126,11 @@ def qk_norm_rope(
     ``p * inv_freq``, at ``positions`` [T] (int64 or int32). Computed in fp32, rounded once.
 
     Outputs go into ``q_out``/``k_out``/``v_out`` when given (any strides with contiguous last
-    dims); otherwise q and k are new contiguous tensors and v is a VIEW of ``qkv``'s v columns
-    (row stride that of ``qkv``: no copy is made). ``config`` = (BLOCK_T, BLOCK_H, num_warps,
-    heads_fastest) overrides ``default_config``. CPU tensors go to ``qk_norm_rope_reference`` (to the kernel
-    under ``TRITON_INTERPRET=1``).
+    dims; ``q_out``/``k_out`` may be ``qkv``'s own q and k columns, ``qkv_views``: each program
+    reads its tile before it writes it); otherwise q and k are new contiguous tensors and v is a
+    VIEW of ``qkv``'s v columns (row stride that of ``qkv``: no copy is made). ``config`` =
+    (BLOCK_T, BLOCK_H, num_warps, heads_fastest) overrides ``default_config``. CPU tensors go to
+    ``qk_norm_rope_reference`` (to the kernel under ``TRITON_INTERPRET=1``).
     """
     if (q_weight is None) != (k_weight is None):
         raise ValueError("give both q_weight and k_weight, or neither")

@@ -16,9 +16,7 @@ Planned = tuple[Shape, Scheme, int]
 """What the batch planner needs of a request: its shape, concrete scheme and group size."""
 
 
-def plan_batch(
-    requests: Sequence[Planned], budget: int, mask_cap: int, recompute_share: float = 0.0
-) -> Plan:
+def plan_batch(requests: Sequence[Planned], budget: int, mask_cap: int, recompute_share: float = 0.0) -> Plan:
     """Requests of the same (scheme, group size) planned together, the groups combined; a lone
     request over ``budget`` tokens split into passes that reuse its prompt's K/V, or compute a
     short prompt again (``split_to_budget``'s ``recompute_share``)."""

@@ -115,7 +115,9 @@ def split_to_budget(
             logical = torch.where(q.logical < p, q.logical, q.logical + shift)
             calls = q.calls
             if slot_map is not None:
-                calls = tuple(replace(c, kv_indices=slot_map[c.kv_indices.long()].to(torch.int32)) for c in calls)
+                calls = tuple(
+                    replace(c, kv_indices=slot_map[c.kv_indices.long()].to(torch.int32)) for c in calls
+                )
             passes.append(Pass(logical, slot + q.slot_offset, calls))
         if k == 0:
             prefix_slots = torch.nonzero(passes[0].logical < p).flatten()[:p]

@@ -189,3 +189,44 @@ def test_launch_does_not_wait_for_the_work_queued_before_it(gpu_engine, scheme):
     got = [[d.score for d in r.results] for r in collect()]
     assert took < 0.25, f"{scheme}: launch took {took:.3f} s behind a busy device"
     assert got == [pytest.approx(e, abs=1e-5) for e in expected]
+
+
+@pytest.mark.parametrize("scheme", ["naive", "ragged", "cascade", "multi_item", "custom_mask"])
+def test_qkv_in_place_equals_the_copied_heads(gpu_engine, scheme):
+    """q and k normed and rotated in place in the QKV GEMM's output and v left there, so that
+    FlashInfer reads strided heads (paged, contiguous and merged calls), against the same kernel
+    writing three contiguous tensors: the same scores, eager forwards both."""
+    model, graphs = gpu_engine.runner.model, gpu_engine.runner.graphs
+    batch = [gpu_engine.tokenize(q) for q in requests(scheme, seed=9)]
+    assert model.qkv_in_place
+    gpu_engine.runner.graphs = None
+    try:
+        in_place = [d.score for r in gpu_engine.score_batch(batch) for d in r.results]
+        model.qkv_in_place = False
+        copied = [d.score for r in gpu_engine.score_batch(batch) for d in r.results]
+    finally:
+        model.qkv_in_place = True
+        gpu_engine.runner.graphs = graphs
+    assert in_place == pytest.approx(copied, abs=1e-4)
+    graphed = [d.score for r in gpu_engine.score_batch(batch) for d in r.results]
+    assert graphed == pytest.approx(in_place, abs=TOL)
+
+
+@pytest.mark.parametrize("scheme", ["ragged", "cascade", "multi_item", "naive"])
+def test_a_split_request_recomputing_its_prompt_scores_as_one_pass(checkpoint, gpu_engine, scheme):
+    """A request over the token budget, its prompt computed again in each pass (no K/V pool) or
+    reused from the pool, against the same request in one pass."""
+    rng = random.Random(4)
+    req = ScoreRequest(
+        prompt=" ".join(rng.choice(WORDS) for _ in range(20)),
+        docs=[Doc(text=" ".join(rng.choice(WORDS) for _ in range(30)), id=str(i)) for i in range(12)],
+        options=ScoreOptions(scheme=scheme, score_mode="logprob"),
+    )
+    whole = [d.score for d in gpu_engine.score(req).results]
+    for share in (0.0, 10.0):
+        cfg = EngineConfig(max_tokens_per_pass=150, prompt_recompute_share=share)
+        split = build_engine(checkpoint, "flashinfer", "cuda", torch.bfloat16, cfg, cuda_graph_max_tokens=0)
+        got = [d.score for d in split.score(req).results]
+        assert split.runner.stats["forward_passes"] > 1
+        assert split.runner.stats["pooled_forwards"] == (share == 0 and scheme != "naive")
+        assert max(abs(a - b) for a, b in zip(got, whole, strict=True)) < TOL, (scheme, share)
