@@ -9,7 +9,8 @@ label ids. For each workload (prompt + N docs of S tokens) and system:
   alone, ``auto@lt`` with its GEMMs captured from cuBLASLt instead of cuBLAS, ``auto@exact`` with
   cuBLAS's reduced-precision bf16 split-K reductions off, ``BLAS``; ``@paged`` with every
   attention call through the paged pool, also those that read one run of slots; ``@copyv`` with
-  q, k and v written to three buffers instead of left in the QKV GEMM's output; ``@pool`` with a
+  q, k and v written to three buffers instead of left in the QKV GEMM's output; ``@addmm`` with
+  the residual adds in the output and down GEMMs (``DecoderLM.residual_in_gemm``); ``@pool`` with a
   split call's passes reusing its prompt's K/V from a pool, never computing it again): batches of at most
   ``--budget`` tokens formed as the server's batcher forms them at saturation (``full_batches``:
   no runt at the list's end) and pipelined as it runs them (the next batch launched before the
@@ -412,6 +413,7 @@ def engine_for(
     contiguous: bool = True,
     qkv_in_place: bool = True,
     recompute: bool = True,
+    residual_in_gemm: bool = False,
 ) -> Engine:
     """The serving configuration (FlashInfer, CUDA graphs); the torch reference on the CPU (smoke);
     the embedded tokenizer, for the text calls. ``defer=False``: each layer adds its MLP residual
@@ -421,11 +423,14 @@ def engine_for(
     ``blas``: how the graphs' GEMMs are chosen (``BLAS``); ``contiguous=False``: every attention call
     through the paged pool (``FlashInferBackend``'s ``contiguous``); ``qkv_in_place=False``: the
     heads copied out of the QKV GEMM's output (``DecoderLM.qkv_in_place``); ``recompute=False``: a
-    split call never computes its prompt again (``EngineConfig.prompt_recompute_share`` 0)."""
+    split call never computes its prompt again (``EngineConfig.prompt_recompute_share`` 0);
+    ``residual_in_gemm``: ``DecoderLM.residual_in_gemm``."""
     cuda = device.type == "cuda"
     model = build_model(device, cfg["num_hidden_layers"], kernels if cuda else "torch", cfg)
     model.defers_residual = model.defers_residual and defer
     model.qkv_in_place = model.qkv_in_place and qkv_in_place
+    if residual_in_gemm:
+        model.residual_in_gemm = True
     mc = model.config
     spec = HeadSpec(mc.num_heads, mc.num_kv_heads, mc.head_dim, torch.bfloat16, device)
     if cuda:
@@ -463,8 +468,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--systems",
         default="",
-        help="auto, auto@flashinfer, auto@fa3, auto@lt, auto@paged, auto@copyv, auto@pool, a scheme,"
-        " hf_naive, hf_prefix",
+        help="auto, auto@flashinfer, auto@fa3, auto@lt, auto@paged, auto@copyv, auto@addmm, auto@pool,"
+        " a scheme, hf_naive, hf_prefix",
     )
     ap.add_argument("--seconds", type=float, default=4.0, help="per system, at saturation")
     ap.add_argument("--cache-systems", default="auto,auto+cache", help="the systems of the repeat workloads")
@@ -535,6 +540,7 @@ def main(argv: list[str] | None = None) -> None:
                                 contiguous=at != "paged",
                                 qkv_in_place=at != "copyv",
                                 recompute=at != "pool",
+                                residual_in_gemm=at == "addmm",
                             )
                         )
                     if key not in engines:  # the same model and runner, with a pool

@@ -125,13 +125,17 @@ class MLP(nn.Module):
         if self.gate_up is None:
             y = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
             return y if out is None else out.copy_(y)
-        act = fused.silu_and_mul(F.linear(x, *self.gate_up))
+        act = self.act(x)
         if out is None:
             return self.down_proj(act)
         down = self.down_proj
         if down.bias is None:
             return torch.mm(act, down.weight.t(), out=out)
         return torch.addmm(down.bias, act, down.weight.t(), out=out)
+
+    def act(self, x: torch.Tensor) -> torch.Tensor:
+        """The down projection's input, ``silu(gate(x)) * up(x)`` (one GEMM, one fused kernel)."""
+        return fused.silu_and_mul(F.linear(x, *self.gate_up))
 
     def merge_gate_up(self) -> None:
         """One GEMM for gate and up: their weights become views of one tensor."""
@@ -147,6 +151,7 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config, fused)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, fused)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, fused)
+        self.residual_in_gemm = False  # ``DecoderLM.residual_in_gemm``
 
     def qkv(
         self,
@@ -173,6 +178,10 @@ class DecoderLayer(nn.Module):
         first residual add updates ``h`` in place; with ``pending`` (a buffer like ``h``) the MLP's
         output is written there and returned, its add left to the next layer's input norm
         (``qkv``) or the caller."""
+        if self.residual_in_gemm:
+            _gemm_add_(h, attn_out.reshape(h.shape[0], -1), self.self_attn.o_proj)
+            _gemm_add_(h, self.mlp.act(self.post_attention_layernorm(h)), self.mlp.down_proj)
+            return h if out is None or out is h else out.copy_(h)
         o = self.self_attn.o_proj(attn_out.reshape(h.shape[0], -1))
         x = _add_norm(o, h, self.post_attention_layernorm)
         if pending is not None:
@@ -215,6 +224,25 @@ class DecoderLM(nn.Module):
     def fused(self) -> bool:
         """FlashInfer's norms, RoPE cache and SiLU-and-mul (``flashinfer`` and ``fused``)."""
         return self.kernels != "torch"
+
+    @property
+    def residual_in_gemm(self) -> bool:
+        """Do the output and down projections add their product to the residual stream in the
+        GEMM (cuBLAS's ``beta = 1``: ``h += x @ W.T``, rounded once), the norms then reading the
+        sum, instead of an add fused into the next norm (with ``defers_residual``)? Merged gate/up
+        only; settable before graphs are built (benchmarks). Turning it on turns deferring off."""
+        return all(layer.residual_in_gemm for layer in self.model.layers)
+
+    @residual_in_gemm.setter
+    def residual_in_gemm(self, value: bool) -> None:
+        if value and not self.fused:
+            raise ValueError(
+                "the residual in the GEMM needs the merged gate/up (flashinfer or fused kernels)"
+            )
+        for layer in self.model.layers:
+            layer.residual_in_gemm = value
+        if value:
+            self.defers_residual = False
 
     @property
     def qkv_in_place(self) -> bool:
@@ -311,6 +339,13 @@ def _add_norm(x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm) -> torch.T
         return fused.add_rms_norm_(x, residual, norm.weight, norm.eps)
     residual.add_(x)
     return norm(residual, out=x)
+
+
+def _gemm_add_(h: torch.Tensor, x: torch.Tensor, linear: nn.Linear) -> None:
+    """``h += linear(x)`` in place, the add in the GEMM's epilogue."""
+    h.addmm_(x, linear.weight.t())
+    if linear.bias is not None:
+        h.add_(linear.bias)
 
 
 def _merge(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
