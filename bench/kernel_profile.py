@@ -166,8 +166,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--kernels",
         default="fused",
-        help="comma-separated model kernels, each profiled (KERNELS/nodefer:"
-        " each layer adds its own MLP residual)",
+        help="comma-separated model kernels, each profiled (KERNELS/noaddmm: the residual adds"
+        " outside the GEMMs)",
     )
     ap.add_argument("--schemes", default="auto", help="comma-separated: auto or a scheme, each profiled")
     ap.add_argument(
@@ -187,9 +187,14 @@ def main(argv: list[str] | None = None) -> None:
     for kernels, attention, blas in itertools.product(
         *(x.split(",") for x in (a.kernels, a.attention, a.blas))
     ):
-        defer = not kernels.endswith("/nodefer")
         engine = engine_for(
-            cfg, device, kernels.split("/")[0], a.budget, defer=defer, attention=attention, blas=blas
+            cfg,
+            device,
+            kernels.split("/")[0],
+            a.budget,
+            attention=attention,
+            blas=blas,
+            residual_in_gemm=not kernels.endswith("/noaddmm"),
         )
         for w, scheme in itertools.product(a.workloads.split(","), a.schemes.split(",")):
             rec = {

@@ -9,8 +9,8 @@ label ids. For each workload (prompt + N docs of S tokens) and system:
   alone, ``auto@lt`` with its GEMMs captured from cuBLASLt instead of cuBLAS, ``auto@exact`` with
   cuBLAS's reduced-precision bf16 split-K reductions off, ``BLAS``; ``@paged`` with every
   attention call through the paged pool, also those that read one run of slots; ``@copyv`` with
-  q, k and v written to three buffers instead of left in the QKV GEMM's output; ``@addmm`` with
-  the residual adds in the output and down GEMMs (``DecoderLM.residual_in_gemm``); ``@pool`` with a
+  q, k and v written to three buffers instead of left in the QKV GEMM's output; ``@noaddmm`` with
+  the residual adds outside the output and down GEMMs (``DecoderLM.residual_in_gemm``); ``@pool`` with a
   split call's passes reusing its prompt's K/V from a pool, never computing it again): batches of at most
   ``--budget`` tokens formed as the server's batcher forms them at saturation (``full_batches``:
   no runt at the list's end) and pipelined as it runs them (the next batch launched before the
@@ -406,19 +406,17 @@ def engine_for(
     device: torch.device,
     kernels: str,
     budget: int,
-    defer: bool = True,
     attention: str = "auto",
     fine_top: bool = True,
     blas: str = "default",
     contiguous: bool = True,
     qkv_in_place: bool = True,
     recompute: bool = True,
-    residual_in_gemm: bool = False,
+    residual_in_gemm: bool = True,
 ) -> Engine:
     """The serving configuration (FlashInfer, CUDA graphs); the torch reference on the CPU (smoke);
-    the embedded tokenizer, for the text calls. ``defer=False``: each layer adds its MLP residual
-    itself instead of leaving it to the next layer's fused add-and-norm (to measure that fusion);
-    ``attention``: FlashInfer's prefill kernels (``auto``: per call, ``fa2``, ``fa3``);
+    the embedded tokenizer, for the text calls. ``attention``: FlashInfer's prefill kernels
+    (``auto``: per call, ``fa2``, ``fa3``);
     ``fine_top=False``: the CUDA-graph buckets growing by 1/8 alone (before section 15's);
     ``blas``: how the graphs' GEMMs are chosen (``BLAS``); ``contiguous=False``: every attention call
     through the paged pool (``FlashInferBackend``'s ``contiguous``); ``qkv_in_place=False``: the
@@ -427,10 +425,8 @@ def engine_for(
     ``residual_in_gemm``: ``DecoderLM.residual_in_gemm``."""
     cuda = device.type == "cuda"
     model = build_model(device, cfg["num_hidden_layers"], kernels if cuda else "torch", cfg)
-    model.defers_residual = model.defers_residual and defer
     model.qkv_in_place = model.qkv_in_place and qkv_in_place
-    if residual_in_gemm:
-        model.residual_in_gemm = True
+    model.residual_in_gemm = model.residual_in_gemm and residual_in_gemm
     mc = model.config
     spec = HeadSpec(mc.num_heads, mc.num_kv_heads, mc.head_dim, torch.bfloat16, device)
     if cuda:
@@ -468,7 +464,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--systems",
         default="",
-        help="auto, auto@flashinfer, auto@fa3, auto@lt, auto@paged, auto@copyv, auto@addmm, auto@pool,"
+        help="auto, auto@flashinfer, auto@fa3, auto@lt, auto@paged, auto@copyv, auto@noaddmm, auto@pool,"
         " a scheme, hf_naive, hf_prefix",
     )
     ap.add_argument("--seconds", type=float, default=4.0, help="per system, at saturation")
@@ -540,7 +536,7 @@ def main(argv: list[str] | None = None) -> None:
                                 contiguous=at != "paged",
                                 qkv_in_place=at != "copyv",
                                 recompute=at != "pool",
-                                residual_in_gemm=at == "addmm",
+                                residual_in_gemm=at != "noaddmm",
                             )
                         )
                     if key not in engines:  # the same model and runner, with a pool

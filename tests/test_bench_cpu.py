@@ -79,12 +79,12 @@ def test_kernel_profile_sorts_kernels_into_families_and_times_a_batch(tmp_path, 
     from bench import kernel_profile as kp
 
     kp.main(["--device", "cpu", "--model", "smoke", "--workloads", "A", "--batches", "1",
-             "--schemes", "auto,multi_item", "--kernels", "fused,fused/nodefer",
+             "--schemes", "auto,multi_item", "--kernels", "fused,fused/noaddmm",
              "--out", str(tmp_path)])  # fmt: skip
     records = json.loads((tmp_path / "kernel_profile.json").read_text())["records"]
     assert [(r["kernels"], r["scheme_used"]) for r in records] == [
-        ("fused", ["ragged"]), ("fused", ["multi_item"]), ("fused/nodefer", ["ragged"]),
-        ("fused/nodefer", ["multi_item"]),
+        ("fused", ["ragged"]), ("fused", ["multi_item"]), ("fused/noaddmm", ["ragged"]),
+        ("fused/noaddmm", ["multi_item"]),
     ]  # fmt: skip
     assert all(r["docs_s"] > 0 and r["wall_ms_per_batch"] > 0 for r in records)
     names = {

@@ -321,9 +321,9 @@ def test_fused_kernel_wiring_matches_the_eager_model(
 
 @pytest.mark.parametrize("case", ["qwen3-tied", "llama-attention-bias"])
 def test_residual_adds_in_the_gemms_match_the_eager_model(case: str, tmp_path: Path, monkeypatch) -> None:
-    """``residual_in_gemm``: the output and down projections add into the residual stream
-    themselves (``h.addmm_``; biases after), eagerly and over the graph runner's buffers, against
-    the torch-kernel model; FlashInfer swapped for TorchFused."""
+    """``residual_in_gemm`` (on) or not: the output and down projections add into the residual
+    stream themselves (``h.addmm_``; biases after), eagerly and over the graph runner's buffers,
+    against the torch-kernel model; FlashInfer swapped for TorchFused."""
     from scorer.models import fused
     from scorer.models.graphs import GraphedDecoder
 
@@ -334,39 +334,17 @@ def test_residual_adds_in_the_gemms_match_the_eager_model(case: str, tmp_path: P
     positions = torch.arange(SEQ_LEN)
     expected = ours_logits(load_model(model_dir, dtype=torch.float32)[0], input_ids, positions)
     model = load_model(model_dir, dtype=torch.float32, kernels="fused")[0]
-    model.residual_in_gemm = True
-    assert not model.defers_residual
-    torch.testing.assert_close(ours_logits(model, input_ids, positions), expected, atol=1e-4, rtol=0)
-    graphs = GraphedDecoder(model, 32, capture=False)
-    graphs.warm_up()
-    assert graphs.pending is None
-    with torch.no_grad():
-        hidden = graphs.forward_hidden(input_ids, positions, causal_attention_out)
-        torch.testing.assert_close(model.score_logits(hidden), expected, atol=1e-4, rtol=0)
+    assert model.residual_in_gemm  # the default of the fused kernels
+    for in_gemm in (True, False):
+        model.residual_in_gemm = in_gemm
+        torch.testing.assert_close(ours_logits(model, input_ids, positions), expected, atol=1e-4, rtol=0)
+        graphs = GraphedDecoder(model, 32, capture=False)
+        graphs.warm_up()
+        with torch.no_grad():
+            hidden = graphs.forward_hidden(input_ids, positions, causal_attention_out)
+            torch.testing.assert_close(model.score_logits(hidden), expected, atol=1e-4, rtol=0)
     with pytest.raises(ValueError, match="merged gate/up"):
         load_model(model_dir, dtype=torch.float32)[0].residual_in_gemm = True
-
-
-@pytest.mark.parametrize("graphed", [False, True])
-def test_deferring_the_mlp_residual_to_the_next_norm_changes_no_bit(graphed: bool, tmp_path: Path) -> None:
-    """A layer that leaves its MLP output for the next layer's input norm to add (the fused
-    kernels' one add-and-norm kernel) computes the same sums in the same order: in bf16, eager and
-    over the graph runner's buffers, the hidden states equal the add-then-norm model's bit for bit."""
-    from scorer.models.graphs import GraphedDecoder
-
-    model = load_model(save_hf_checkpoint(CASES["qwen3-tied"], tmp_path), dtype=torch.bfloat16)[0]
-    input_ids = torch.randint(0, VOCAB, (SEQ_LEN,), generator=torch.Generator().manual_seed(3))
-    positions = torch.arange(SEQ_LEN)
-    out = {}
-    for defer in (False, True):
-        model.defers_residual = defer
-        run = GraphedDecoder(model, 32, capture=False) if graphed else model
-        if graphed:
-            run.warm_up()
-            assert (run.pending is not None) == defer
-        with torch.no_grad():
-            out[defer] = run.forward_hidden(input_ids, positions, causal_attention_out).clone()
-    assert out[True].dtype == torch.bfloat16 and torch.equal(out[True], out[False])
 
 
 def causal_attention_out(layer, q, k, v, out=None):

@@ -134,7 +134,9 @@ class MLP(nn.Module):
         return torch.addmm(down.bias, act, down.weight.t(), out=out)
 
     def act(self, x: torch.Tensor) -> torch.Tensor:
-        """The down projection's input, ``silu(gate(x)) * up(x)`` (one GEMM, one fused kernel)."""
+        """The down projection's input, ``silu(gate(x)) * up(x)`` (merged: one GEMM, one kernel)."""
+        if self.gate_up is None:
+            return F.silu(self.gate_proj(x)) * self.up_proj(x)
         return fused.silu_and_mul(F.linear(x, *self.gate_up))
 
     def merge_gate_up(self) -> None:
@@ -151,41 +153,23 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config, fused)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, fused)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, fused)
-        self.residual_in_gemm = False  # ``DecoderLM.residual_in_gemm``
+        self.residual_in_gemm = fused  # ``DecoderLM.residual_in_gemm``
 
-    def qkv(
-        self,
-        h: torch.Tensor,
-        rope: Rope,
-        out: QKV | torch.Tensor | None = None,
-        pending: torch.Tensor | None = None,
-    ) -> QKV:
-        """The first half of the layer, up to attention. ``pending``: the last layer's MLP output,
-        not yet added to ``h``; the add is fused into this layer's input norm (``h`` updated in
-        place, ``pending`` overwritten)."""
-        norm = self.input_layernorm
-        x = norm(h) if pending is None else _add_norm(pending, h, norm)
-        return self.self_attn.qkv(x, rope, out)
+    def qkv(self, h: torch.Tensor, rope: Rope, out: QKV | torch.Tensor | None = None) -> QKV:
+        """The first half of the layer, up to attention."""
+        return self.self_attn.qkv(self.input_layernorm(h), rope, out)
 
     def finish(
-        self,
-        h: torch.Tensor,
-        attn_out: torch.Tensor,
-        out: torch.Tensor | None = None,
-        pending: torch.Tensor | None = None,
+        self, h: torch.Tensor, attn_out: torch.Tensor, out: torch.Tensor | None = None
     ) -> torch.Tensor:
         """The second half: output projection, residuals and MLP; ``out`` may alias ``h``. The
-        first residual add updates ``h`` in place; with ``pending`` (a buffer like ``h``) the MLP's
-        output is written there and returned, its add left to the next layer's input norm
-        (``qkv``) or the caller."""
+        first residual add updates ``h`` in place (the second too with ``residual_in_gemm``)."""
         if self.residual_in_gemm:
             _gemm_add_(h, attn_out.reshape(h.shape[0], -1), self.self_attn.o_proj)
             _gemm_add_(h, self.mlp.act(self.post_attention_layernorm(h)), self.mlp.down_proj)
             return h if out is None or out is h else out.copy_(h)
         o = self.self_attn.o_proj(attn_out.reshape(h.shape[0], -1))
         x = _add_norm(o, h, self.post_attention_layernorm)
-        if pending is not None:
-            return self.mlp(x, out=pending)
         return torch.add(h, self.mlp(x), out=out)
 
 
@@ -201,10 +185,10 @@ class Backbone(nn.Module):
 
 
 class DecoderLM(nn.Module):
-    """``kernels``: the elementwise kernels, ``torch``, ``flashinfer`` (CUDA, fp16/bf16: RMSNorm
-    with the post-attention residual add, RoPE from an fp32 cos|sin cache, SiLU-and-mul, and gate/up
-    as one GEMM) or ``fused`` (``flashinfer``, with q/k/v as one GEMM and Triton's q/k norm + RoPE
-    kernel). Call ``finalize`` once the weights are assigned."""
+    """``kernels``: the elementwise kernels, ``torch``, ``flashinfer`` (CUDA, fp16/bf16: RMSNorm,
+    RoPE from an fp32 cos|sin cache, SiLU-and-mul, gate/up as one GEMM and the residual adds in the
+    output and down GEMMs, ``residual_in_gemm``) or ``fused`` (``flashinfer``, with q/k/v as one
+    GEMM and Triton's q/k norm + RoPE kernel). Call ``finalize`` once the weights are assigned."""
 
     def __init__(self, config: ModelConfig, kernels: str = "torch") -> None:
         super().__init__()
@@ -215,10 +199,6 @@ class DecoderLM(nn.Module):
         self.model = Backbone(config, self.fused, one_gemm=kernels == "fused")
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
-        self.defers_residual = self.fused
-        """Does a layer leave its MLP residual to the next layer's input norm (one fused
-        add-and-norm kernel instead of an add and a norm; the same sums, rounded alike)? With
-        FlashInfer's kernels; settable before graphs are built (tests)."""
 
     @property
     def fused(self) -> bool:
@@ -229,8 +209,9 @@ class DecoderLM(nn.Module):
     def residual_in_gemm(self) -> bool:
         """Do the output and down projections add their product to the residual stream in the
         GEMM (cuBLAS's ``beta = 1``: ``h += x @ W.T``, rounded once), the norms then reading the
-        sum, instead of an add fused into the next norm (with ``defers_residual``)? Merged gate/up
-        only; settable before graphs are built (benchmarks). Turning it on turns deferring off."""
+        sum? The default with FlashInfer's kernels (4 KB a token a layer less traffic than the
+        post-attention add fused into its norm and the MLP's added alone; session 16: 0.5-1.4%
+        more docs/s); settable (benchmarks)."""
         return all(layer.residual_in_gemm for layer in self.model.layers)
 
     @residual_in_gemm.setter
@@ -241,8 +222,6 @@ class DecoderLM(nn.Module):
             )
         for layer in self.model.layers:
             layer.residual_in_gemm = value
-        if value:
-            self.defers_residual = False
 
     @property
     def qkv_in_place(self) -> bool:
@@ -289,44 +268,24 @@ class DecoderLM(nn.Module):
         """The rotation of token positions [T], once per forward pass."""
         return self.model.rotary_emb(positions, dtype)
 
-    def layer_qkv(
-        self,
-        i: int,
-        h: torch.Tensor,
-        rope: Rope,
-        out: QKV | torch.Tensor | None = None,
-        pending: torch.Tensor | None = None,
-    ) -> QKV:
+    def layer_qkv(self, i: int, h: torch.Tensor, rope: Rope, out: QKV | torch.Tensor | None = None) -> QKV:
         """Layer ``i`` up to attention: its RoPE'd heads (into ``out`` when given: three buffers,
-        or with ``qkv_in_place`` the one the QKV GEMM writes, ``Attention.qkv``); ``pending``:
-        the MLP output of layer ``i - 1`` still to add to ``h`` (``defers_residual``)."""
-        return self.model.layers[i].qkv(h, rope, out, pending)
+        or with ``qkv_in_place`` the one the QKV GEMM writes, ``Attention.qkv``)."""
+        return self.model.layers[i].qkv(h, rope, out)
 
     def layer_finish(
-        self,
-        i: int,
-        h: torch.Tensor,
-        attn_out: torch.Tensor,
-        out: torch.Tensor | None = None,
-        pending: torch.Tensor | None = None,
+        self, i: int, h: torch.Tensor, attn_out: torch.Tensor, out: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Layer ``i`` after attention: output projection, residuals, MLP; ``out`` may alias ``h``.
-        With ``pending`` the MLP's output goes there instead of onto ``h`` (``defers_residual``)."""
-        return self.model.layers[i].finish(h, attn_out, out, pending)
+        """Layer ``i`` after attention: output projection, residuals, MLP; ``out`` may alias ``h``."""
+        return self.model.layers[i].finish(h, attn_out, out)
 
     def forward_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttnFn) -> torch.Tensor:
         """input_ids, positions: [T] long -> hidden states [T, hidden] before the final norm."""
         h = self.embed(input_ids)
         rope = self.rope(positions, h.dtype)
-        pending = None
         for i, layer in enumerate(self.model.layers):
-            q, k, v = layer.qkv(h, rope, pending=pending)
-            a = attn(i, q, k, v)
-            if self.defers_residual:
-                pending = layer.finish(h, a, pending=torch.empty_like(h) if pending is None else pending)
-            else:
-                h = layer.finish(h, a)
-        return h if pending is None else h.add_(pending)
+            h = layer.finish(h, attn(i, *layer.qkv(h, rope)))
+        return h
 
     def score_logits(self, hidden_rows: torch.Tensor) -> torch.Tensor:
         """Final norm and lm_head on the given rows [R, hidden] only -> fp32 logits [R, vocab]."""

@@ -88,8 +88,6 @@ class GraphedDecoder:
             self.k = torch.zeros(n, mc.num_kv_heads, mc.head_dim, dtype=dt, device=dev)
             self.v = torch.zeros_like(self.k)
         self.attn = torch.zeros(n, mc.num_heads, mc.head_dim, dtype=dt, device=dev)
-        # the MLP output each segment leaves for the next one's fused add-and-norm
-        self.pending = torch.zeros_like(self.h) if model.defers_residual else None
         self.cos = self.sin = None  # HF's RoPE tables; the fused RoPE reads its cache instead
         if not model.uses_rope_cache:
             self.cos = torch.zeros(n, 1, mc.head_dim, dtype=dt, device=dev)
@@ -134,15 +132,13 @@ class GraphedDecoder:
                 tables = m.rope(self.pos[:n], h.dtype)
                 rope.cos.copy_(tables.cos)
                 rope.sin.copy_(tables.sin)
-        pending = None if self.pending is None else self.pending[:n]
         if i > 0:
-            m.layer_finish(i - 1, h, self.attn[:n], out=h, pending=pending)
+            m.layer_finish(i - 1, h, self.attn[:n], out=h)
         if i == m.num_layers:
-            if pending is not None:
-                h.add_(pending)
             return
-        out = self.qkv[:n] if self.qkv is not None else (self.q[:n], self.k[:n], self.v[:n])
-        m.layer_qkv(i, h, rope, out=out, pending=pending if i else None)
+        m.layer_qkv(
+            i, h, rope, out=self.qkv[:n] if self.qkv is not None else (self.q[:n], self.k[:n], self.v[:n])
+        )
         if self.pool is not None:
             self.pool[0][i].index_copy_(0, self.slots[:n], self.k[:n])
             self.pool[1][i].index_copy_(0, self.slots[:n], self.v[:n])
