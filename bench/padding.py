@@ -1,11 +1,11 @@
 """Rows a saturated server's forward passes pad up to their CUDA-graph bucket, by workload: the
-buckets growing by 1/8 alone against the same with 256-row steps in the top quarter (``buckets``'s
-``fine_top``). Host only: each workload's calls (``bench.throughput``'s) in full batches of the
-budget, planned by the engine (``auto``, the passes of calls split over the budget included),
-each pass's rows taken to its bucket. The device time of a padded row is the row-wise work of a
-Qwen3-0.6B-shaped forward (GEMMs and elementwise kernels), ``--us-per-row`` as measured on the
-H200 (bench/RESULTS.md section 15: 21.4 ms of an A batch's busy time outside attention over
-13,104 rows).
+buckets growing by 1/8 alone, with 256-row steps in the top quarter (sessions 9-15) and with
+today's (``buckets``'s ``fine``: 128-row steps from a quarter of the budget). Host only: each
+workload's calls (``bench.throughput``'s) in full batches of the budget, planned by the engine
+(``auto``, the passes of calls split over the budget included), each pass's rows taken to its
+bucket. The device time of a padded row is the row-wise work of a Qwen3-0.6B-shaped forward
+(GEMMs and elementwise kernels), ``--us-per-row`` as measured on the H200 (bench/RESULTS.md
+section 15: 21.4 ms of an A batch's busy time outside attention over 13,104 rows).
 
     python -m bench.padding [--out DIR]
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from scorer.models.graphs import buckets
+from scorer.models.graphs import TOP_QUARTER, buckets
 
 from .throughput import MODELS, WORKLOADS, calls, engine_for, full_batches
 
@@ -45,14 +45,20 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     engine = engine_for(MODELS["smoke"], torch.device("cpu"), "torch", a.budget)
-    tables = {"1/8 growth": buckets(a.budget, fine_top=False), "fine top quarter": buckets(a.budget)}
+    tables = {
+        "1/8 growth": buckets(a.budget, fine=()),
+        "fine top quarter": buckets(a.budget, fine=TOP_QUARTER),
+        "128-row steps from a quarter": buckets(a.budget),
+    }
     out = {"budget": a.budget, "buckets": {k: len(v) for k, v in tables.items()}, "workloads": {}}
     print(f"buckets: {out['buckets']}")
+    names = list(tables)
     print(
-        "| workload | tokens a batch | padded rows, 1/8 growth | padded rows, fine top"
-        " | device ms saved a batch (est.) |"
+        "| workload | tokens a batch | "
+        + " | ".join(f"padded rows, {k}" for k in names)
+        + " | ms saved (est.) |"
     )
-    print("|---|---:|---:|---:|---:|")
+    print("|---|---:|" + "---:|" * (len(names) + 1))
     for w in SERVED:
         jobs = [engine.tokenize(r) for r in calls(w, a.calls, MODELS["smoke"]["vocab_size"])]
         counts = {
@@ -60,17 +66,15 @@ def main(argv: list[str] | None = None) -> None:
         }
         tokens = statistics.mean(t for t, _ in counts["1/8 growth"])
         pad = {k: statistics.mean(r - t for t, r in v) for k, v in counts.items()}
-        saved = (pad["1/8 growth"] - pad["fine top quarter"]) * a.us_per_row / 1e3
+        saved = (pad[names[1]] - pad[names[-1]]) * a.us_per_row / 1e3  # today's against sessions 9-15's
         out["workloads"][w] = {
             "tokens": tokens,
             "padded_rows": pad,
             "saved_ms_est": saved,
             "shape": WORKLOADS[w],
         }
-        print(
-            f"| {w} | {tokens:,.0f} | {pad['1/8 growth']:,.0f} ({pad['1/8 growth'] / tokens:.1%})"
-            f" | {pad['fine top quarter']:,.0f} ({pad['fine top quarter'] / tokens:.1%}) | {saved:.2f} |"
-        )
+        cells = " | ".join(f"{pad[k]:,.0f} ({pad[k] / tokens:.1%})" for k in names)
+        print(f"| {w} | {tokens:,.0f} | {cells} | {saved:.2f} |")
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
         (a.out / "padding.json").write_text(json.dumps(out, indent=1))

@@ -417,7 +417,7 @@ def engine_for(
     """The serving configuration (FlashInfer, CUDA graphs); the torch reference on the CPU (smoke);
     the embedded tokenizer, for the text calls. ``attention``: FlashInfer's prefill kernels
     (``auto``: per call, ``fa2``, ``fa3``);
-    ``fine_top=False``: the CUDA-graph buckets growing by 1/8 alone (before section 15's);
+    ``fine_top=False``: the CUDA-graph buckets growing by 1/8 alone (before section 15's fine ones);
     ``blas``: how the graphs' GEMMs are chosen (``BLAS``); ``contiguous=False``: every attention call
     through the paged pool (``FlashInferBackend``'s ``contiguous``); ``qkv_in_place=False``: the
     heads copied out of the QKV GEMM's output (``DecoderLM.qkv_in_place``); ``recompute=False``: a
@@ -437,7 +437,7 @@ def engine_for(
         backend = TorchBackend(spec)
     runner = ModelRunner(model, backend, 16384 if cuda else 0)
     if runner.graphs is not None and not fine_top:
-        runner.graphs.buckets = buckets(runner.graphs.max_tokens, fine_top=False)
+        runner.graphs.buckets = buckets(runner.graphs.max_tokens, fine=())
     with blas_choice(blas):
         runner.capture_graphs()
     config = EngineConfig(

@@ -144,8 +144,14 @@ def test_padding_counts_the_rows_each_bucket_table_pads(tmp_path, capsys):
     padding.main(["--calls", "48", "--out", str(tmp_path)])
     result = json.loads((tmp_path / "padding.json").read_text())
     e = result["workloads"]["E"]  # 11 calls of 1,400 tokens: 15,400 rows, bucket 16,384 or 15,616
-    assert e["tokens"] == 15400 and e["padded_rows"] == {"1/8 growth": 984, "fine top quarter": 216}
-    assert all(w["saved_ms_est"] >= 0 for w in result["workloads"].values())
+    assert e["tokens"] == 15400
+    assert e["padded_rows"] == {
+        "1/8 growth": 984,
+        "fine top quarter": 216,
+        "128-row steps from a quarter": 88,
+    }
+    # C's 4,100-row second pass had a lucky 1/8-growth bucket (4,112); the 128-row steps pad it 124
+    assert all(result["workloads"][w]["saved_ms_est"] > 0 for w in ("A", "E", "B", "D"))
     assert "| B | 12,000 |" in capsys.readouterr().out
 
 
