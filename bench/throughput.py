@@ -6,15 +6,17 @@ label ids. For each workload (prompt + N docs of S tokens) and system:
 * an engine system (``auto`` or a forced scheme; ``auto@flashinfer`` is ``auto`` on the model's
   FlashInfer kernels instead of the fused ones, ``auto@fa3`` or ``@fa2`` with FlashInfer's prefill
   kernel forced instead of chosen per call, ``auto@coarse`` on CUDA-graph buckets growing by 1/8
-  alone, ``auto@lt`` with its GEMMs captured from cuBLASLt instead of cuBLAS, ``auto@exact`` with
-  cuBLAS's reduced-precision bf16 split-K reductions off, ``BLAS``; ``@paged`` with every
-  attention call through the paged pool, also those that read one run of slots; ``@copyv`` with
-  q, k and v written to three buffers instead of left in the QKV GEMM's output; ``@noaddmm`` with
-  the residual adds outside the output and down GEMMs (``DecoderLM.residual_in_gemm``); ``@pool`` with a
-  split call's passes reusing its prompt's K/V from a pool, never computing it again): batches of at most
-  ``--budget`` tokens formed as the server's batcher forms them at saturation (``full_batches``:
-  no runt at the list's end) and pipelined as it runs them (the next batch launched before the
-  last is collected); docs/s at saturation, one idle call's p50/p95, peak GPU memory;
+  alone, ``auto@topq`` with them fine in the top quarter alone (sessions 9-15), ``auto@lt`` with
+  its GEMMs captured from cuBLASLt instead of cuBLAS, ``auto@exact`` with cuBLAS's reduced-
+  precision bf16 split-K reductions off, ``BLAS``; ``@paged`` with every attention call through
+  the paged pool, also those that read one run of slots; ``@copyv`` with q, k and v written to
+  three buffers instead of left in the QKV GEMM's output; ``@noaddmm`` with the residual adds
+  outside the output and down GEMMs (``DecoderLM.residual_in_gemm``); ``@pool`` with a split
+  call's passes reusing its prompt's K/V from a pool, never computing it again): batches of at
+  most ``--budget`` tokens formed as the server's batcher forms them at saturation
+  (``full_batches``: no runt at the list's end) and pipelined as it runs them (the next batch
+  launched before the last is collected); docs/s at saturation, one idle call's p50/p95, peak GPU
+  memory;
 * ``hf_naive``: transformers (SDPA) on every [prompt + doc] as a row of a batch;
 * ``hf_prefix``: the prompt's KV cache computed once and repeated over a batch of docs;
   both at their best batch size of ``HF_BATCHES``.
@@ -53,7 +55,7 @@ import torch
 from scorer.attention import HeadSpec
 from scorer.attention.torch_ref import TorchBackend
 from scorer.engine import Engine, EngineConfig
-from scorer.models.graphs import buckets
+from scorer.models.graphs import TOP_QUARTER, buckets
 from scorer.planning import REGISTRY
 from scorer.prefix_cache import PrefixCache
 from scorer.request import Doc, ScoreOptions, ScoreRequest
@@ -407,7 +409,7 @@ def engine_for(
     kernels: str,
     budget: int,
     attention: str = "auto",
-    fine_top: bool = True,
+    fine: tuple | None = None,
     blas: str = "default",
     contiguous: bool = True,
     qkv_in_place: bool = True,
@@ -417,7 +419,7 @@ def engine_for(
     """The serving configuration (FlashInfer, CUDA graphs); the torch reference on the CPU (smoke);
     the embedded tokenizer, for the text calls. ``attention``: FlashInfer's prefill kernels
     (``auto``: per call, ``fa2``, ``fa3``);
-    ``fine_top=False``: the CUDA-graph buckets growing by 1/8 alone (before section 15's fine ones);
+    ``fine``: the CUDA-graph buckets' fine steps (``graphs.buckets``; None: its default);
     ``blas``: how the graphs' GEMMs are chosen (``BLAS``); ``contiguous=False``: every attention call
     through the paged pool (``FlashInferBackend``'s ``contiguous``); ``qkv_in_place=False``: the
     heads copied out of the QKV GEMM's output (``DecoderLM.qkv_in_place``); ``recompute=False``: a
@@ -436,8 +438,8 @@ def engine_for(
     else:
         backend = TorchBackend(spec)
     runner = ModelRunner(model, backend, 16384 if cuda else 0)
-    if runner.graphs is not None and not fine_top:
-        runner.graphs.buckets = buckets(runner.graphs.max_tokens, fine=())
+    if runner.graphs is not None and fine is not None:
+        runner.graphs.buckets = buckets(runner.graphs.max_tokens, fine=fine)
     with blas_choice(blas):
         runner.capture_graphs()
     config = EngineConfig(
@@ -515,9 +517,7 @@ def main(argv: list[str] | None = None) -> None:
                 attention = at if at in ("fa2", "fa3") else "auto"
                 kernels = "hf" if system.startswith("hf_") else at if at == "flashinfer" else "fused"
                 blas = at if at in BLAS else "default"
-                key = f"{kernels}/{attention}/{at == 'coarse'}/{blas}/{at}" + (
-                    "+cache" if system.endswith("+cache") else ""
-                )
+                key = f"{kernels}/{attention}/{blas}/{at}" + ("+cache" if system.endswith("+cache") else "")
                 scheme = system.split("@")[0].removesuffix("+cache")
                 try:
                     built = key.removesuffix("+cache")
@@ -531,7 +531,7 @@ def main(argv: list[str] | None = None) -> None:
                                 kernels,
                                 a.budget,
                                 attention=attention,
-                                fine_top=at != "coarse",
+                                fine={"coarse": (), "topq": TOP_QUARTER}.get(at),
                                 blas=blas,
                                 contiguous=at != "paged",
                                 qkv_in_place=at != "copyv",
