@@ -270,7 +270,8 @@ class Engine(Tokenizing):
 
 FLOPS_PER_BYTE = 165.0
 """An H200's bf16 GEMM rate over its memory bandwidth as measured here (~711 TFLOP/s, 4.3 TB/s):
-what a byte moved costs in FLOPs of compute (an A100 or H100 is within ~10% of it)."""
+what a byte moved costs in FLOPs of compute (an A100's is ~150; the share below is a bound to
+within a factor, not a fit)."""
 
 
 def copy_share(mc) -> float:
