@@ -116,6 +116,20 @@ def test_naive_recomputes_the_prompt_per_doc(engine):
     assert engine.runner.stats["tokens_computed"] == 2 * 50 + 7 == result.usage.tokens_computed
 
 
+def test_copy_share_is_what_a_split_calls_pool_copies_cost_in_rows():
+    """C on Qwen3-0.6B (100 + 50 x 400, split in two) recomputes its prompt: 100 rows <= 0.043 x
+    20,100; on 8B the copies are cheap and a 100-token prompt is reused (0.0035 x 20,100 = 70)."""
+    from bench.throughput import MODELS
+    from scorer.config import ModelConfig
+    from scorer.engine import copy_share
+
+    def share(name: str) -> float:
+        return copy_share(ModelConfig.from_hf({**MODELS[name], "architectures": ["Qwen3ForCausalLM"]}))
+
+    assert share("qwen3-0.6b") == pytest.approx(0.043, abs=0.001)
+    assert share("qwen3-8b") == pytest.approx(0.0035, abs=0.0002)
+
+
 @pytest.mark.parametrize("share", [0.0, 1.0])
 def test_request_over_the_token_budget_is_split_and_still_exact(tmp_path, monkeypatch, engine, share):
     """Split passes reuse the prompt's K/V from a pool, or (``share`` 1: recomputing 40 of 120
