@@ -235,7 +235,10 @@ class Engine(Tokenizing):
             finally:
                 if lease is not None:
                     lease.release()
-            return readout.results(ordered, plan.requests, picked.tolist(), cached)
+            # a lone request's plan may compute more than its scheme's rows (a split recomputing
+            # its prompt): its usage counts the rows the passes ran
+            rows = [plan.num_slots] if len(plan.requests) == 1 else ()
+            return readout.results(ordered, plan.requests, picked.tolist(), cached, rows)
 
         return collect
 

@@ -56,22 +56,29 @@ def label_logprobs(model, rows: torch.Tensor, jobs: Sequence[Job]) -> torch.Tens
 
 
 def results(
-    jobs: Sequence[Job], requests: Sequence[int], flat: Sequence[float], cached: Sequence[int] = ()
+    jobs: Sequence[Job],
+    requests: Sequence[int],
+    flat: Sequence[float],
+    cached: Sequence[int] = (),
+    computed: Sequence[int] = (),
 ) -> list[ScoreResult]:
     """Each request's result in batch order, from the flat label log-probs of ``jobs`` (plan
     order; ``requests``: the batch index of each; ``cached``: the prompt tokens each read from
-    the prefix cache, () for none)."""
+    the prefix cache, () for none; ``computed``: the rows each put through the model where the
+    plan says otherwise than its scheme, as a split that computes its prompt again, () for none)."""
     out: list[ScoreResult | None] = [None] * len(requests)
     at = 0
     for r, (pos, job) in enumerate(zip(requests, jobs, strict=True)):
         k = len(job.label_ids)
         lps = [tuple(flat[at + i * k : at + (i + 1) * k]) for i in range(len(job.items))]
         at += k * len(job.items)
-        out[pos] = result(job, lps, cached[r] if cached else 0)
+        out[pos] = result(job, lps, cached[r] if cached else 0, computed[r] if computed else None)
     return out  # type: ignore[return-value]
 
 
-def result(job: Job, logprobs: Sequence[tuple[float, ...]], cached: int = 0) -> ScoreResult:
+def result(
+    job: Job, logprobs: Sequence[tuple[float, ...]], cached: int = 0, computed: int | None = None
+) -> ScoreResult:
     o = job.options
     docs = job.request.docs
     scores = [
@@ -86,7 +93,8 @@ def result(job: Job, logprobs: Sequence[tuple[float, ...]], cached: int = 0) -> 
         )
         for i, lps in enumerate(logprobs)
     ]
-    computed = job.scheme.rows(replace(job.shape, cached=cached))
+    if computed is None:
+        computed = job.scheme.rows(replace(job.shape, cached=cached))
     usage = Usage(
         len(job.prefix_ids),
         sum(job.doc_tokens),

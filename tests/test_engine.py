@@ -145,6 +145,8 @@ def test_request_over_the_token_budget_is_split_and_still_exact(tmp_path, monkey
         passes = small.runner.stats["forward_passes"]
         assert passes > 1
         assert small.runner.stats["tokens_computed"] == (40 + 80 if share == 0 else 40 * passes + 80)
+        assert got.usage.tokens_computed == small.runner.stats["tokens_computed"]
+        assert got.usage.tokens_saved == 40 * 8 + 80 - got.usage.tokens_computed
         assert small.runner.stats["pooled_forwards"] == (share == 0)
         torch.testing.assert_close(
             logprobs(got), logprobs(engine.score(ids_request(prompt, docs, "naive"))), atol=1e-4, rtol=0
