@@ -28,24 +28,9 @@ if TYPE_CHECKING:
 
 
 def chunk_items(shape: Shape, budget: int, naive: bool, recompute: bool = False) -> list[tuple[int, int]]:
-    """(first item, count) chunks whose pass rows stay within ``budget`` (at least one item), as
-    few as greedy filling gives and as even as that count allows: the smallest cap under which
-    greedy filling needs no more chunks (a call of 20,100 rows runs as 10,100 + 10,000, not 16,100
-    + 4,000: no short last pass, whose GEMMs run small and whose rows pad to a coarser CUDA-graph
-    bucket). The prefix's rows count once per item (``naive``), once per chunk (``recompute``) or
-    in the first chunk only."""
-    chunks = _greedy(shape, budget, naive, recompute)
-    lo, hi = 1, budget
-    while len(chunks) > 1 and lo < hi:  # chunk count is non-increasing in the cap
-        mid = (lo + hi) // 2
-        if len(_greedy(shape, mid, naive, recompute)) <= len(chunks):
-            hi = mid
-        else:
-            lo = mid + 1
-    return chunks if len(chunks) == 1 else _greedy(shape, lo, naive, recompute)
-
-
-def _greedy(shape: Shape, budget: int, naive: bool, recompute: bool) -> list[tuple[int, int]]:
+    """Greedy (first item, count) chunks whose pass rows stay within ``budget`` (at least one
+    item). The prefix's rows count once per item (``naive``), once per chunk (``recompute``) or in
+    the first chunk only."""
     p = shape.prefix_len
     chunks, start, rows = [], 0, 0 if naive else p
     for i, n in enumerate(shape.item_lens):
