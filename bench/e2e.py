@@ -21,6 +21,7 @@ import copy
 import gc
 import statistics
 import time
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
@@ -137,20 +138,27 @@ def gemm_curve(model, device: torch.device, counts, vocab: int) -> dict[int, flo
     return out
 
 
+@contextmanager
+def gc_paused():
+    """A collection first, then none until the block ends (timed host work)."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 def time_planner(scheme: str, group: int, shape: Shape):
     """The plan and the planner's host ms (with the plan check): the median of 3 runs, one run
     when it takes over 50 ms, with the garbage collector paused as for the forwards (session 15's
     run timed one planner at 24.9 ms against its neighbours' 1.1-1.5 with it running)."""
     times = []
-    gc.collect()
-    gc.disable()
-    try:
+    with gc_paused():
         while len(times) < (3 if not times or times[0] < 50 else 1):
             t0 = time.perf_counter()
             plan = plan_batch([(shape, get(scheme), group or 8)], 0, 1 << 30)
             times.append((time.perf_counter() - t0) * 1e3)
-    finally:
-        gc.enable()
     return plan, statistics.median(times)
 
 
@@ -180,18 +188,13 @@ def measure_cell(
             out[name] = {"error": f"{type(e).__name__}: {e}"[:400]}
             torch.cuda.empty_cache()
     rounds = repeats if max((t[0] for _, t in runs.values()), default=0) < 300 else 2
-    gc.collect()
-    gc.disable()
-    try:
-        with torch.inference_mode():
-            for r in range(rounds - 1):
-                names = list(runs)
-                for name in names[r % len(names) :] + names[: r % len(names)]:
-                    plan, times = runs[name]
-                    fwd = partial(engine.forward, plan, ids, pos)
-                    times.append(time_host(fwd, engine.device, iters=1))
-    finally:
-        gc.enable()
+    with gc_paused(), torch.inference_mode():
+        for r in range(rounds - 1):
+            names = list(runs)
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                plan, times = runs[name]
+                fwd = partial(engine.forward, plan, ids, pos)
+                times.append(time_host(fwd, engine.device, iters=1))
     for name, (_, times) in runs.items():
         out[name].update(forward_ms=statistics.median(times), runs_ms=[round(t, 3) for t in times])
     return out

@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     engine = engine_for(MODELS["smoke"], torch.device("cpu"), "torch", a.budget)
     tables = {
-        "1/8 growth": buckets(a.budget, fine=()),
+        "1/8 growth": buckets(a.budget, fine=None),
         "fine top quarter": buckets(a.budget, fine=TOP_QUARTER),
         "128-row steps from a quarter": buckets(a.budget),
     }

@@ -56,7 +56,7 @@ import torch
 from scorer.attention import HeadSpec
 from scorer.attention.torch_ref import TorchBackend
 from scorer.engine import Engine, EngineConfig
-from scorer.models.graphs import TOP_QUARTER, buckets
+from scorer.models.graphs import FINE, TOP_QUARTER, buckets
 from scorer.planning import REGISTRY
 from scorer.prefix_cache import PrefixCache
 from scorer.request import Doc, ScoreOptions, ScoreRequest
@@ -414,7 +414,7 @@ def engine_for(
     kernels: str,
     budget: int,
     attention: str = "auto",
-    fine: tuple | None = None,
+    fine: tuple[float, int] | None = FINE,
     blas: str = "default",
     contiguous: bool = True,
     qkv_in_place: bool = True,
@@ -424,7 +424,7 @@ def engine_for(
     """The serving configuration (FlashInfer, CUDA graphs); the torch reference on the CPU (smoke);
     the embedded tokenizer, for the text calls. ``attention``: FlashInfer's prefill kernels
     (``auto``: per call, ``fa2``, ``fa3``);
-    ``fine``: the CUDA-graph buckets' fine steps (``graphs.buckets``; None: its default);
+    ``fine``: the CUDA-graph buckets' fine steps (``graphs.buckets``; None: the 1/8 growth alone);
     ``blas``: how the graphs' GEMMs are chosen (``BLAS``); ``contiguous=False``: every attention call
     through the paged pool (``FlashInferBackend``'s ``contiguous``); ``qkv_in_place=False``: the
     heads copied out of the QKV GEMM's output (``DecoderLM.qkv_in_place``); ``recompute=False``: a
@@ -443,7 +443,7 @@ def engine_for(
     else:
         backend = TorchBackend(spec)
     runner = ModelRunner(model, backend, 16384 if cuda else 0)
-    if runner.graphs is not None and fine is not None:
+    if runner.graphs is not None and fine != FINE:
         runner.graphs.buckets = buckets(runner.graphs.max_tokens, fine=fine)
     with blas_choice(blas):
         runner.capture_graphs()
@@ -536,7 +536,7 @@ def main(argv: list[str] | None = None) -> None:
                                 kernels,
                                 a.budget,
                                 attention=attention,
-                                fine={"coarse": (), "topq": TOP_QUARTER}.get(at),
+                                fine={"coarse": None, "topq": TOP_QUARTER}.get(at, FINE),
                                 blas=blas,
                                 contiguous=at != "paged",
                                 qkv_in_place=at != "copyv",

@@ -269,7 +269,7 @@ def test_graph_buckets_cover_every_count_with_bounded_padding(max_tokens: int) -
         assert fit - n < max(16, n // 8 + 16)
         if n >= max_tokens // 4:  # where a loaded server's passes land: steps of max / 128
             assert fit - n < max(16, max_tokens // 128), (n, fit)
-    assert len(b) <= len(buckets(max_tokens, fine=())) + 96
+    assert len(b) <= len(buckets(max_tokens, fine=None)) + 96
 
 
 @pytest.mark.parametrize("kernels", ["flashinfer", "fused"])

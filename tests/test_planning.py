@@ -230,6 +230,15 @@ def _random_qkv(shapes, heads=4, kv_heads=2, dim=8, seed=0):
     return [torch.randn(n, h, dim, generator=g) for h in (heads, kv_heads, kv_heads)]
 
 
+def _assert_equals_naive(plan, shapes, seed=0) -> None:
+    """``plan`` passes the checks, and one attention layer of it on random q/k/v gives every item
+    row what naive's plan of ``shapes`` gives."""
+    check_plan(plan, 32768)
+    q, k, v = _random_qkv(shapes, seed=seed)
+    expected = replay_attention(REGISTRY["naive"].plan(shapes), _backend(), q, k, v)
+    torch.testing.assert_close(replay_attention(plan, _backend(), q, k, v), expected, atol=1e-4, rtol=1e-4)
+
+
 def _backend():
     return TorchBackend(HeadSpec(4, 2, 8, torch.float32, torch.device("cpu")))
 
@@ -253,12 +262,7 @@ EDGES = [
 @example(shapes=EDGES[3], scheme="split_cache")
 @example(shapes=EDGES[3], scheme="cascade")
 def test_every_scheme_attention_rows_equal_naive(shapes, scheme):
-    q, k, v = _random_qkv(shapes)
-    plan = _plan(scheme, shapes)
-    check_plan(plan, 32768)
-    expected = replay_attention(REGISTRY["naive"].plan(shapes), _backend(), q, k, v)
-    got = replay_attention(plan, _backend(), q, k, v)
-    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    _assert_equals_naive(_plan(scheme, shapes), shapes)
 
 
 @given(
@@ -266,11 +270,7 @@ def test_every_scheme_attention_rows_equal_naive(shapes, scheme):
 )
 def test_mixed_batch_equals_naive(shapes, schemes):
     parts = [_plan(sc, [s]) for sc, s in zip(schemes, shapes, strict=False)]
-    plan = combine(parts)
-    check_plan(plan, 32768)
-    q, k, v = _random_qkv(shapes, seed=1)
-    expected = replay_attention(REGISTRY["naive"].plan(shapes), _backend(), q, k, v)
-    torch.testing.assert_close(replay_attention(plan, _backend(), q, k, v), expected, atol=1e-4, rtol=1e-4)
+    _assert_equals_naive(combine(parts), shapes, seed=1)
 
 
 def test_cascade_runs_three_calls_and_one_merge_per_layer():
@@ -287,10 +287,7 @@ def test_cascade_runs_three_calls_and_one_merge_per_layer():
 def test_split_to_budget_reuses_the_prompt_and_equals_naive(shape, scheme, budget):
     name, _, g = scheme.partition(":")
     plan = split_to_budget(get(name), shape, budget, int(g or 8))
-    check_plan(plan, 32768)
-    q, k, v = _random_qkv([shape], seed=2)
-    expected = replay_attention(REGISTRY["naive"].plan([shape]), _backend(), q, k, v)
-    torch.testing.assert_close(replay_attention(plan, _backend(), q, k, v), expected, atol=1e-4, rtol=1e-4)
+    _assert_equals_naive(plan, [shape], seed=2)
     prefix_rows = sum(int((p.logical < shape.prefix_len).sum()) for p in plan.passes)
     n_chunks = len(chunk_items(shape, budget, naive=name == "naive"))
     if name == "naive":
@@ -313,10 +310,7 @@ def test_split_recomputing_the_prompt_needs_no_pool_and_equals_naive(shape, sche
     own rows: no K/V pool (no copies), the same scores."""
     name, _, g = scheme.partition(":")
     plan = split_to_budget(get(name), shape, budget, int(g or 8), recompute_share=1e9)
-    check_plan(plan, 32768)
-    q, k, v = _random_qkv([shape], seed=2)
-    expected = replay_attention(REGISTRY["naive"].plan([shape]), _backend(), q, k, v)
-    torch.testing.assert_close(replay_attention(plan, _backend(), q, k, v), expected, atol=1e-4, rtol=1e-4)
+    _assert_equals_naive(plan, [shape], seed=2)
     chunks = chunk_items(shape, budget, naive=False, recompute=True)
     prefix_rows = sum(int((p.logical < shape.prefix_len).sum()) for p in plan.passes)
     assert prefix_rows == shape.prefix_len * len(chunks)

@@ -119,19 +119,9 @@ class MLP(nn.Module):
 
         self.gate_up: tuple[torch.Tensor, torch.Tensor | None] | None = None
 
-    def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """The MLP of x; written into ``out`` when given (by the down GEMM itself once gate/up
-        are merged)."""
-        if self.gate_up is None:
-            y = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-            return y if out is None else out.copy_(y)
-        act = self.act(x)
-        if out is None:
-            return self.down_proj(act)
-        down = self.down_proj
-        if down.bias is None:
-            return torch.mm(act, down.weight.t(), out=out)
-        return torch.addmm(down.bias, act, down.weight.t(), out=out)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The MLP of x."""
+        return self.down_proj(self.act(x))
 
     def act(self, x: torch.Tensor) -> torch.Tensor:
         """The down projection's input, ``silu(gate(x)) * up(x)`` (merged: one GEMM, one kernel)."""
