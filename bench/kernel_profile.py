@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
         "--kernels",
         default="fused",
         help="comma-separated model kernels, each profiled (KERNELS/noaddmm: the residual adds"
-        " outside the GEMMs)",
+        " outside the GEMMs; KERNELS/finorm: FlashInfer's hidden-state norms, not Triton's)",
     )
     ap.add_argument("--schemes", default="auto", help="comma-separated: auto or a scheme, each profiled")
     ap.add_argument(
@@ -195,6 +195,7 @@ def main(argv: list[str] | None = None) -> None:
             attention=attention,
             blas=blas,
             residual_in_gemm=not kernels.endswith("/noaddmm"),
+            triton_norm=not kernels.endswith("/finorm"),
         )
         for w, scheme in itertools.product(a.workloads.split(","), a.schemes.split(",")):
             rec = {

@@ -11,7 +11,8 @@ label ids. For each workload (prompt + N docs of S tokens) and system:
   precision bf16 split-K reductions off, ``BLAS``; ``@paged`` with every attention call through
   the paged pool, also those that read one run of slots; ``@copyv`` with q, k and v written to
   three buffers instead of left in the QKV GEMM's output; ``@noaddmm`` with the residual adds
-  outside the output and down GEMMs (``DecoderLM.residual_in_gemm``); ``@pool`` with a split
+  outside the output and down GEMMs (``DecoderLM.residual_in_gemm``); ``@finorm`` with
+  FlashInfer's hidden-state norms instead of Triton's (``DecoderLM.triton_norm``); ``@pool`` with a split
   call's passes reusing its prompt's K/V from a pool, never computing it again): batches of at
   most ``--budget`` tokens formed as the server's batcher forms them at saturation
   (``full_batches``: no runt at the list's end) and pipelined as it runs them (the next batch
@@ -420,6 +421,7 @@ def engine_for(
     qkv_in_place: bool = True,
     recompute: bool = True,
     residual_in_gemm: bool = True,
+    triton_norm: bool = True,
 ) -> Engine:
     """The serving configuration (FlashInfer, CUDA graphs); the torch reference on the CPU (smoke);
     the embedded tokenizer, for the text calls. ``attention``: FlashInfer's prefill kernels
@@ -429,11 +431,12 @@ def engine_for(
     through the paged pool (``FlashInferBackend``'s ``contiguous``); ``qkv_in_place=False``: the
     heads copied out of the QKV GEMM's output (``DecoderLM.qkv_in_place``); ``recompute=False``: a
     split call never computes its prompt again (``EngineConfig.prompt_recompute_share`` 0);
-    ``residual_in_gemm``: ``DecoderLM.residual_in_gemm``."""
+    ``residual_in_gemm``, ``triton_norm``: ``DecoderLM``'s settings of those names."""
     cuda = device.type == "cuda"
     model = build_model(device, cfg["num_hidden_layers"], kernels if cuda else "torch", cfg)
     model.qkv_in_place = model.qkv_in_place and qkv_in_place
     model.residual_in_gemm = model.residual_in_gemm and residual_in_gemm
+    model.triton_norm = model.triton_norm and triton_norm
     mc = model.config
     spec = HeadSpec(mc.num_heads, mc.num_kv_heads, mc.head_dim, torch.bfloat16, device)
     if cuda:
@@ -471,8 +474,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--systems",
         default="",
-        help="auto, auto@flashinfer, auto@fa3, auto@lt, auto@paged, auto@copyv, auto@noaddmm, auto@pool,"
-        " a scheme, hf_naive, hf_prefix",
+        help="auto, auto@flashinfer, auto@fa3, auto@lt, auto@paged, auto@copyv, auto@noaddmm, auto@finorm,"
+        " auto@pool, a scheme, hf_naive, hf_prefix",
     )
     ap.add_argument("--seconds", type=float, default=4.0, help="per system, at saturation")
     ap.add_argument("--cache-systems", default="auto,auto+cache", help="the systems of the repeat workloads")
@@ -542,6 +545,7 @@ def main(argv: list[str] | None = None) -> None:
                                 qkv_in_place=at != "copyv",
                                 recompute=at != "pool",
                                 residual_in_gemm=at != "noaddmm",
+                                triton_norm=at != "finorm",
                             )
                         )
                     if key not in engines:  # the same model and runner, with a pool

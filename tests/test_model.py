@@ -299,6 +299,11 @@ def test_fused_kernel_wiring_matches_the_eager_model(
         model.model.layers[0].mlp.gate_up[0].data_ptr()
     )
     assert model.qkv_in_place == (kernels == "fused")
+    # Triton's norms on CUDA tensors only: here, on the CPU, the (patched) FlashInfer ones run
+    assert model.triton_norm == (kernels == "fused")
+    model.triton_norm = False
+    assert not model.triton_norm and not model.model.norm.triton
+    model.triton_norm = kernels == "fused"
 
     def attn(layer, q, k, v, out=None):
         return out.copy_(causal_attention(layer, q, k, v))

@@ -36,8 +36,11 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
         self.fused = fused
+        self.triton = False  # Triton's many-rows kernel instead of FlashInfer's (``DecoderLM.triton_norm``)
 
     def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        if self.fused and self.triton and x.is_cuda:
+            return triton_ops.rms_norm(x, self.weight, self.eps, out)
         if self.fused:
             return fused.rms_norm(x, self.weight, self.eps, out)
         x32 = x.float()
@@ -189,6 +192,7 @@ class DecoderLM(nn.Module):
         self.model = Backbone(config, self.fused, one_gemm=kernels == "fused")
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
+        self.triton_norm = kernels == "fused"
 
     @property
     def fused(self) -> bool:
@@ -224,6 +228,25 @@ class DecoderLM(nn.Module):
     def qkv_in_place(self, value: bool) -> None:
         for layer in self.model.layers:
             layer.self_attn.in_place = value
+
+    @property
+    def triton_norm(self) -> bool:
+        """Do the hidden-state norms run Triton's ``rms_norm`` (several rows a program) instead of
+        FlashInfer's (a block a row)? The default with ``kernels="fused"``; the same fp32
+        arithmetic and one rounding. Settable before graphs are built (benchmarks)."""
+        return all(n.triton for n in self._hidden_norms())
+
+    @triton_norm.setter
+    def triton_norm(self, value: bool) -> None:
+        for n in self._hidden_norms():
+            n.triton = value
+
+    def _hidden_norms(self) -> list[RMSNorm]:
+        layers = self.model.layers
+        return [
+            self.model.norm,
+            *(n for x in layers for n in (x.input_layernorm, x.post_attention_layernorm)),
+        ]
 
     @property
     def num_layers(self) -> int:

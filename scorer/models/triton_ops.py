@@ -10,6 +10,10 @@ norm and the rotation in fp32 and rounds once (FlashInfer's pair rounds between 
 On an H200, Qwen3-0.6B heads, 16k tokens, bf16: 76 us with the v copy (83% of the bandwidth
 floor) against 558 us for FlashInfer's two norms, RoPE and the copy (``bench/qk_norm_rope.py``).
 
+``rms_norm`` is the layers' RMSNorm over hidden rows (1,024 wide on Qwen3-0.6B) with several rows
+to a program: FlashInfer's ``RMSNorm`` kernel gives each row a block of its own and ran at ~64% of
+the memory bandwidth on a 20k-row batch (bench/RESULTS.md section 23).
+
 Triton is imported only if it is installed (the CPU CI has none); the kernel runs on CUDA tensors.
 With ``q_out``/``k_out``/``v_out`` given it allocates nothing and never synchronises with the
 host, so it can be captured into a CUDA graph (after a first, compiling call outside capture).
@@ -176,7 +180,67 @@ def qk_norm_rope(
     return q, k, v
 
 
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None):
+    """``x * rsqrt(mean(x^2) + eps) * weight`` over the last dim in fp32, rounded once (FlashInfer's
+    ``rmsnorm``), into ``out`` when given."""
+    x32 = x.float()
+    y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
+    return y.to(x.dtype) if out is None else out.copy_(y)
+
+
+def rms_norm_config(width: int) -> tuple[int, int]:
+    """(rows, num_warps) of one program: ~4k elements (8 KiB of bf16 in, as much out) in 4 warps."""
+    return max(1, 4096 // triton.next_power_of_2(width)), 4
+
+
+def rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    out: torch.Tensor | None = None,
+    *,
+    config: tuple[int, int] | None = None,
+) -> torch.Tensor:
+    """RMSNorm over the last dim of ``x`` (rows may be strided, the last dim contiguous), computed in
+    fp32 and rounded once, into ``out`` when given (it may be ``x``); allocates nothing then, and
+    never synchronises, so it can be captured in a CUDA graph. ``config`` = (rows a program,
+    num_warps) overrides ``rms_norm_config``. CPU tensors go to ``rms_norm_reference``."""
+    if not x.is_cuda and not (_INTERPRET and triton is not None):
+        return rms_norm_reference(x, weight, eps, out)
+    if triton is None:
+        raise RuntimeError("rms_norm on CUDA needs triton")
+    n = x.shape[-1]
+    x2 = x.reshape(-1, n)
+    y = x2.new_empty(x2.shape) if out is None else out.view(-1, n)
+    if x2.stride(-1) != 1 or y.stride(-1) != 1 or weight.shape != (n,):
+        raise ValueError(f"rms_norm needs contiguous rows of width {n} and a weight of [{n}]")
+    rows = x2.shape[0]
+    if rows:
+        block_rows, num_warps = config or rms_norm_config(n)
+        _rms_norm_kernel[(triton.cdiv(rows, block_rows),)](
+            x2, weight, y, rows, x2.stride(0), y.stride(0), float(eps),
+            N=n, BLOCK_N=triton.next_power_of_2(n), BLOCK_ROWS=block_rows, num_warps=num_warps,
+        )  # fmt: skip
+    return y.view(x.shape) if out is None else out
+
+
 if triton is not None:
+
+    @triton.jit(do_not_specialize=["n_rows"])
+    def _rms_norm_kernel(
+        x_ptr, w_ptr, y_ptr, n_rows, stride_x, stride_y, eps,
+        N: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+    ):  # fmt: skip
+        """One program per BLOCK_ROWS rows, each row whole in registers."""
+        rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+        cols = tl.arange(0, BLOCK_N)
+        ok = (rows < n_rows)[:, None] & (cols < N)[None, :]
+        r64 = rows.to(tl.int64)[:, None]
+        x = tl.load(x_ptr + r64 * stride_x + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
+        w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
+        y = x * rstd[:, None] * w[None, :]
+        tl.store(y_ptr + r64 * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=ok)
 
     @triton.jit(do_not_specialize=["n_tokens"])
     def _qk_norm_rope_kernel(

@@ -94,12 +94,12 @@ def test_rope_matches_hf_tables(dtype, checkpoint):
         close(got[1], want[1])
 
 
-@pytest.mark.parametrize("kernels", ["flashinfer", "fused", "fused/noaddmm"])
+@pytest.mark.parametrize("kernels", ["flashinfer", "fused", "fused/noaddmm", "fused/finorm"])
 @torch.inference_mode()
 def test_fused_model_matches_hf_op_order(checkpoint, kernels):
     """ "fused/noaddmm": the residual adds outside the output and down GEMMs (``residual_in_gemm``
-    off)."""
-    kernels, _, noaddmm = kernels.partition("/")
+    off); "fused/finorm": FlashInfer's hidden-state norms instead of Triton's (``triton_norm``)."""
+    kernels, _, variant = kernels.partition("/")
     config = ModelConfig.from_hf(checkpoint)
     torch.manual_seed(0)
     with torch.device("cuda"):
@@ -121,7 +121,9 @@ def test_fused_model_matches_hf_op_order(checkpoint, kernels):
         fused_model = DecoderLM(config, kernels=kernels).to(torch.bfloat16)
     fused_model.load_state_dict(model.state_dict())
     fused_model.eval().finalize()
-    fused_model.residual_in_gemm = not noaddmm
+    fused_model.residual_in_gemm = variant != "noaddmm"
+    assert fused_model.triton_norm == (kernels == "fused")
+    fused_model.triton_norm = fused_model.triton_norm and variant != "finorm"
     got = fused_model.score_logits(fused_model.forward_hidden(ids, pos, attn))
     want_lp, got_lp = want.log_softmax(-1), got.log_softmax(-1)
     assert (got_lp - want_lp).abs().max() < 0.05

@@ -9,7 +9,7 @@ import importlib.util
 import pytest
 import torch
 
-from scorer.models.triton_ops import qk_norm_rope, qk_norm_rope_reference
+from scorer.models.triton_ops import qk_norm_rope, qk_norm_rope_reference, rms_norm, rms_norm_reference
 
 HAS_GPU = torch.cuda.is_available() and importlib.util.find_spec("triton") is not None
 gpu = pytest.mark.gpu
@@ -184,3 +184,58 @@ def test_reference_is_hf_op_order(norm, head_dim):
     # the norm matters (a reference that skipped it would not pass the comparison above)
     if norm:
         assert not torch.allclose(q32, hf_order(qkv, None, None, EPS, pos, hq, hkv, d)[0], atol=1e-2)
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("width", [1024, 4096, 128, 1000])
+@pytest.mark.parametrize("T", [1, 7, 300, 4097])
+def test_rms_norm_matches_reference_and_flashinfer(dtype, width, T):
+    """One rounding of the fp32 result, into a new tensor, a given one, or in place over strided
+    rows (a column slice, as a GEMM's output may be); and FlashInfer's ``rmsnorm`` (the kernel it
+    replaces) to the same rounding almost everywhere."""
+    g = torch.Generator(device="cuda").manual_seed(T + width)
+    base = (3 * torch.randn(T, width + 64, generator=g, device="cuda")).to(dtype)
+    x = base[:, 32 : 32 + width]  # strided rows
+    w = (1 + 0.3 * torch.randn(width, generator=g, device="cuda")).to(dtype)
+    ref32 = rms_norm_reference(x, w, EPS, out=torch.empty(T, width, device="cuda"))
+    assert_one_rounding(rms_norm(x, w, EPS), ref32)
+    out = torch.empty(T, width, dtype=dtype, device="cuda")
+    assert rms_norm(x, w, EPS, out).data_ptr() == out.data_ptr()
+    assert_one_rounding(out, ref32)
+    if importlib.util.find_spec("flashinfer") is not None:
+        from flashinfer.norm import rmsnorm
+
+        theirs = rmsnorm(x.contiguous(), w, EPS)
+        assert (theirs != out).float().mean().item() < 0.01
+    rms_norm(x, w, EPS, x)  # in place
+    assert_one_rounding(x, ref32)
+
+
+@gpu
+@needs_gpu
+def test_rms_norm_replays_in_a_cuda_graph():
+    dtype, T, width = torch.bfloat16, 300, 1024
+    x = torch.randn(T, width, device="cuda").to(dtype)
+    w = torch.randn(width, device="cuda").to(dtype)
+    out = torch.empty_like(x)
+    rms_norm(x, w, EPS, out)  # compiles outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        rms_norm(x, w, EPS, out)
+    for seed in (1, 2):
+        x.copy_(
+            torch.randn(T, width, generator=torch.Generator(device="cuda").manual_seed(seed), device="cuda")
+        )
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_one_rounding(out, rms_norm_reference(x, w, EPS, out=torch.empty(T, width, device="cuda")))
+
+
+def test_rms_norm_on_the_cpu_is_the_reference():
+    x, w = torch.randn(5, 64).to(torch.bfloat16), torch.randn(64).to(torch.bfloat16)
+    assert torch.equal(rms_norm(x, w, EPS), rms_norm_reference(x, w, EPS))
+    x32 = x.float()
+    want = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + EPS) * w.float()).to(x.dtype)
+    assert torch.equal(rms_norm_reference(x, w, EPS), want)
