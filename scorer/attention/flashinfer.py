@@ -76,17 +76,14 @@ def unsupported_reason(spec: HeadSpec) -> str | None:
 
 FA3_MIN_KEYS_PER_QUERY = 1024
 FA2_MIN_ROWS = 4096
-FA3_MIN_ROWS_PER_REQUEST = 256
 """With ``kernels="auto"`` on Hopper, a call of at least ``FA2_MIN_ROWS`` query rows whose queries
-see fewer than ``FA3_MIN_KEYS_PER_QUERY`` keys on average, in requests of fewer than
-``FA3_MIN_ROWS_PER_REQUEST`` query rows on average, runs FA2, every other call FA3.
+see fewer than ``FA3_MIN_KEYS_PER_QUERY`` keys on average runs FA2, every other call FA3.
 Measured on the H200 (bench/RESULTS.md section 15): in serving batches (12-16k rows) FA2's
 attention is 1.1-2.0x faster where queries see ~200-300 keys (200- to 300-token prompts: a 50-token
 doc is one 128-row tile, which FA2 fills with both query heads of a KV head and FA3 does not; even
 with 400-token docs), FA3 1.4-1.5x faster at ~1,900 (2,000-token prompts) and ~4,000 (8,000); on
 one call of a few docs (section 3's kernel grid, hundreds of rows) FA3 is up to 3.5x faster, so a
-small call keeps FA3. Requests of 400-token docs (workload C) are FA2's case by their keys but fill
-FA3's tiles: FA3 ran C's attention 3% faster (sections 15 and 23)."""
+small call keeps FA3."""
 
 
 def hopper(device: torch.device) -> bool:
@@ -112,19 +109,16 @@ def keys_per_query(c: AttentionCall) -> float:
 
 def choose_kernel(c: AttentionCall, kernels: str, on_hopper: bool) -> str:
     """The FlashInfer prefill kernel of a call: the custom mask runs on FA2 only; ``kernels``
-    when forced; for ``auto``, FA3 on Hopper unless the call is large, its queries see few keys
-    and its requests are short (see ``FA2_MIN_ROWS``), FA2 elsewhere."""
+    when forced; for ``auto``, FA3 on Hopper unless the call is large and its queries see few
+    keys (see ``FA2_MIN_ROWS``), FA2 elsewhere."""
     if c.custom_mask is not None:
         return "fa2"
     if kernels != "auto":
         return kernels
     if not on_hopper:
         return "fa2"
-    rows = c.q_end - c.q_start
-    wide = rows >= FA2_MIN_ROWS and keys_per_query(c) < FA3_MIN_KEYS_PER_QUERY
-    # a multi-item request is long, its items (what fills a tile) short
-    short = c.multi_item is not None or rows < FA3_MIN_ROWS_PER_REQUEST * c.num_requests
-    return "fa2" if wide and short else "fa3"
+    wide = c.q_end - c.q_start >= FA2_MIN_ROWS and keys_per_query(c) < FA3_MIN_KEYS_PER_QUERY
+    return "fa2" if wide else "fa3"
 
 
 def contiguous_run(c: AttentionCall) -> tuple[int, int] | None:

@@ -11,7 +11,7 @@
 #      and 80% of each sweep's saturation for p50 and p99.
 #   bash scripts/gpu/served.sh      device: carry [".gpu", ".wheels"]
 #   env: GPU_TESTS=1 (scripts/gpu/test.sh first), FRONTENDS, WORKLOADS (default "A E A-text"), STEP (seconds per rate, default 5), PROFILE=1
-#   (py-spy on the last configuration's server at 90% of A's saturation: pyspy-top.txt), HTTP=1 (the
+#   (py-spy on the last configuration's server at 90% of PROFILE_W's saturation, default A: pyspy-top.txt), HTTP=1 (the
 #   server also on --http-port 8080, and A-text's calls sent to it as Cohere /v2/rerank too:
 #   workload "A-text-cohere", issue 13's HTTP against gRPC on the same calls), SWEEP (rates of every
 #   workload's sweep instead of its own; RATES_A, RATES_E, RATES_A_text: one workload's), ENGINE=0 (no engine run: served.json without the reference),
@@ -104,8 +104,9 @@ for cfg in $FRONTENDS; do
   [ -f /tmp/A.jsonl ] && taskset -c 0-3 timeout 60 python3 -m bench.light_load --requests /tmp/A.jsonl \
     --gap-ms 0,20 --calls 80 --label "$name" --out "$OUT" || true
   if [ "${PROFILE:-}" = 1 ] && [ "$cfg" = "${FRONTENDS##* }" ]; then
-    rate=$(python3 scripts/gpu/served.py share "$OUT/$name/A/sweep" 0.9)
-    taskset -c 0-3 python3 -m loadtest.run --target 127.0.0.1:50051 --requests /tmp/A.jsonl --rate "$rate" \
+    pw=${PROFILE_W:-A}
+    rate=$(python3 scripts/gpu/served.py share "$OUT/$name/$pw/sweep" 0.9)
+    taskset -c 0-3 python3 -m loadtest.run --target 127.0.0.1:50051 --requests "/tmp/$pw.jsonl" --rate "$rate" \
       --duration 12 "${COMMON[@]}" --out /tmp/profile-load >"$OUT/profile-load.log" 2>&1 &
     load=$!
     sleep 3
