@@ -8,8 +8,9 @@
 (c) ``triton``: ``scorer.models.triton_ops.qk_norm_rope`` from the fused QKV GEMM output
     [T, (Hq + 2 Hkv) D] into out buffers in one pass; ``qk`` returns v as a view of the GEMM
     output, ``+v`` also copies v into ``v_out``. Program shapes (BLOCK_T, BLOCK_H, num_warps,
-    grid order) are swept on the ``+v`` variant, each checked against the fp32 reference to
-    within one bf16 ulp.
+    grid order) are swept on the ``+v`` variant and on the serving layout since session 16 (q and
+    k rewritten in place in the GEMM's output, v left there: ``qk in place``), each checked
+    against the fp32 reference to within one bf16 ulp.
 
 The contiguous q and k copies of (a) and (b) are made before timing. Times are device times
 (CUDA events, ``bench.timing.time_gpu``: median of 50 after warm-up). The floor is the bytes that
@@ -35,7 +36,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from scorer.models.triton_ops import default_config, qk_norm_rope, qk_norm_rope_reference
+from scorer.models.triton_ops import default_config, qk_norm_rope, qk_norm_rope_reference, qkv_views
 
 from .timing import environment, time_gpu, write_json
 
@@ -196,6 +197,23 @@ def bench_shape(model: str, T: int, device: torch.device) -> dict:
         triton(cfg)()
         sweep[str(cfg)] = {"us": 1e3 * ms(triton(cfg)), "correct": within_one_ulp((qo, ko, vo), ref)}
     best = min((c for c in CONFIGS if sweep[str(c)]["correct"]), key=lambda c: sweep[str(c)]["us"])
+    # the serving layout since session 16: q and k normed and rotated in place in the GEMM's
+    # output, v left there (each timed run rewrites the same buffer; checked on a fresh copy first)
+    buf = qkv.clone()
+
+    def in_place(config=None):
+        return lambda: qk_norm_rope(
+            buf, qw, kw, EPS, pos, cache, hq, hkv, d, *qkv_views(buf, hq, hkv, d)[:2], config=config
+        )
+
+    sweep_in_place = {}
+    for cfg in CONFIGS:
+        buf.copy_(qkv)
+        in_place(cfg)()
+        correct = within_one_ulp(qkv_views(buf, hq, hkv, d), ref)
+        sweep_in_place[str(cfg)] = {"us": 1e3 * ms(in_place(cfg)), "correct": correct}
+    ok_ip = [c for c in CONFIGS if sweep_in_place[str(c)]["correct"]]
+    best_ip = min(ok_ip, key=lambda c: sweep_in_place[str(c)]["us"])
     paths = {
         "flashinfer rmsnorm q, k only": (ms(flashinfer_norms), None),
         "flashinfer qk": (ms(flashinfer_qk), False),
@@ -204,6 +222,8 @@ def bench_shape(model: str, T: int, device: torch.device) -> dict:
         f"triton qk {default}": (ms(triton(default, with_v=False)), False),
         f"triton qk+v {default}": (ms(triton(default)), True),
         f"triton qk+v best {best}": (ms(triton(best)), True),
+        f"triton qk in place {default}": (ms(in_place(default)), False),
+        f"triton qk in place best {best_ip}": (ms(in_place(best_ip)), False),
     }
     rows = []
     for name, (t_ms, with_v) in paths.items():
@@ -222,6 +242,8 @@ def bench_shape(model: str, T: int, device: torch.device) -> dict:
         "max_abs_err_vs_fp32_reference": errors,
         "rows": rows,
         "sweep": sweep,
+        "best_config_in_place": list(best_ip),
+        "sweep_in_place": sweep_in_place,
     }
 
 
@@ -255,6 +277,8 @@ def main() -> None:
         if "rows" in s:
             sweep = ", ".join(f"{c}: {v['us']:.1f}" for c, v in s["sweep"].items())
             print(f"sweep {s['model']} T={s['tokens']} (us; BLOCK_T, BLOCK_H, warps, heads_fastest): {sweep}")
+            sweep = ", ".join(f"{c}: {v['us']:.1f}" for c, v in s["sweep_in_place"].items())
+            print(f"  in place: {sweep}")
             print(f"  max |err| vs fp32 reference: {s['max_abs_err_vs_fp32_reference']}")
     print("\n| model | T | path | us | floor us | of floor |\n| --- | --- | --- | --- | --- | --- |")
     for s in shapes:
