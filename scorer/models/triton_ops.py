@@ -189,8 +189,12 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, out: t
 
 
 def rms_norm_config(width: int) -> tuple[int, int]:
-    """(rows, num_warps) of one program: ~4k elements (8 KiB of bf16 in, as much out) in 4 warps."""
-    return max(1, 4096 // triton.next_power_of_2(width)), 4
+    """(rows, num_warps) of one program: ~4k elements (8 KiB of bf16 in, as much out) in 4 warps,
+    a wider row whole in 8 (so that no thread holds more than 64 of its values: 8 rows of 4,096 in
+    2 warps spilled, 12x slower). Within 2-3% of the best of 11 shapes on 1,024- and 4,096-wide rows
+    (bench/rms_norm.py, RESULTS section 23); wider rows are not measured."""
+    width = triton.next_power_of_2(width)
+    return max(1, 4096 // width), 4 if width <= 4096 else 8
 
 
 def rms_norm(
