@@ -237,8 +237,8 @@ class Engine(Tokenizing):
                     lease.release()
             # a lone request's plan may compute more than its scheme's rows (a split recomputing
             # its prompt): its usage counts the rows the passes ran
-            rows = [plan.num_slots] if len(plan.requests) == 1 else ()
-            return readout.results(ordered, plan.requests, picked.tolist(), cached, rows)
+            computed = [plan.num_slots] if len(plan.requests) == 1 else ()
+            return readout.results(ordered, plan.requests, picked.tolist(), cached, computed)
 
         return collect
 

@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import torch
 
+from scorer.models.triton_ops import rms_norm_reference
+
 
 class TorchFused:
     """fp32 torch stand-ins with the semantics of the FlashInfer kernels in scorer.models.fused
     (documented by FlashInfer), so the fused wiring is checked on the CPU; the kernels themselves
     are checked on the GPU (tests/gpu)."""
 
-    @staticmethod
-    def rms_norm(x, weight, eps, out=None):
-        x32 = x.float()
-        y = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
-        return y if out is None else out.copy_(y)
+    rms_norm = staticmethod(rms_norm_reference)  # FlashInfer's rmsnorm: fp32, rounded once
 
     @staticmethod
     def add_rms_norm_(x, residual, weight, eps):
