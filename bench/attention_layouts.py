@@ -10,7 +10,11 @@ contiguous run per request:
   (causal) and one per doc (its prompt's keys and its own, causal);
 * ``cascade/paged`` and ``cascade/contiguous``: three calls and a merge, the prompts causal, the
   docs of each call against their prompt (non-causal, the shared level), each doc causal on itself
-  (the unique level), merged by log-sum-exp.
+  (the unique level), merged by log-sum-exp;
+* ``ragged/duplicated``: the ragged scheme's requests on contiguous K/V, each doc's keys laid out
+  as [its prompt, itself] in a second buffer (the prompt's K/V copied before every doc), gathered
+  in the timed function (``+copy``) or before it (``only``): what FA3's TMA loads would buy C;
+* ``unique level/contiguous``: each doc causal on itself alone (a floor for the docs' part).
 
 Every variant is checked against ``ragged/paged`` on FA2 (bf16: 2e-2 relative), then timed with
 CUDA events (median of ``--iters``), FA2 and FA3. GPU only.
@@ -130,6 +134,25 @@ def variants(lay: Layer, heads: tuple[int, int], backend: str, ws: list[torch.Te
         flashinfer.merge_state_in_place(o1, s1, o2, s2)
         out[docs] = o1
 
+    dup = torch.cat(
+        [torch.arange(lay.prompts)]
+        + [torch.cat([prompt_kv[j // lay.n], torch.arange(r, r + lay.s)]) for j, r in enumerate(lay.doc_rows)]
+    ).cuda()
+    dr = wrapper(ws[7], backend, q_lens, [len(x) for x in kv], True, heads)
+    kd = torch.empty(len(dup), *k_shape(heads), dtype=torch.bfloat16, device="cuda")
+    vd = torch.empty_like(kd)
+
+    def ragged_dup_copy(q, k, v, out):
+        torch.index_select(k, 0, dup, out=kd)
+        torch.index_select(v, 0, dup, out=vd)
+        dr.run(q, kd, vd, out=out)
+
+    def ragged_dup_only(q, k, v, out):  # kd, vd as ragged_dup_copy left them
+        dr.run(q, kd, vd, out=out)
+
+    def unique_contiguous(q, k, v, out):
+        cu.run(q[docs], k[docs], v[docs], out=out[docs])
+
     def shared_paged(q, k, v, out):  # the shared level alone
         ps.run(q[docs], (k.unsqueeze(1), v.unsqueeze(1)), out=out[docs])
 
@@ -140,9 +163,16 @@ def variants(lay: Layer, heads: tuple[int, int], backend: str, ws: list[torch.Te
         "ragged/paged": ragged_paged,
         "cascade/paged": cascade_paged,
         "cascade/contiguous": cascade_contiguous,
+        "ragged/duplicated+copy": ragged_dup_copy,
+        "ragged/duplicated only": ragged_dup_only,
+        "unique level/contiguous": unique_contiguous,
         "shared level/paged": shared_paged,
         "shared level/contiguous": shared_contiguous,
     }
+
+
+def k_shape(heads: tuple[int, int]) -> tuple[int, int]:
+    return heads[1], HEAD_DIM
 
 
 def time_ms(fn, iters: int) -> float:
@@ -176,11 +206,18 @@ def measure(model: str, name: str, iters: int, ws: list[torch.Tensor]) -> list[d
             out = torch.zeros_like(q)
             fn(q, k, v, out)
             err = None
-            if not label.startswith("shared"):
+            if not label.startswith(("shared", "unique")):
                 err = float((out.float() - ref.float()).norm() / ref.float().norm())
                 assert err < 2e-2, (model, name, label, kernel, err)
             ms = time_ms(lambda fn=fn, out=out: fn(q, k, v, out), iters)
-            flops = shared_flops if err is None else lay.flops(heads[0])
+            unique_flops = 4 * heads[0] * HEAD_DIM * lay.calls * lay.n * lay.s * lay.s / 2
+            flops = (
+                lay.flops(heads[0])
+                if err is not None
+                else shared_flops
+                if label.startswith("shared")
+                else unique_flops
+            )
             records.append(
                 {
                     "model": model,
@@ -206,7 +243,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--models", default="0.6b,8b")
     ap.add_argument("--iters", type=int, default=50)
     a = ap.parse_args(argv)
-    ws = [torch.empty(256 << 20, dtype=torch.uint8, device="cuda") for _ in range(7)]
+    ws = [torch.empty(256 << 20, dtype=torch.uint8, device="cuda") for _ in range(8)]
     print("| model | shape | variant | kernel | ms/layer | TFLOP/s | rel err vs ragged/paged fa2 |")
     print("|---|---|---|---|---:|---:|---:|")
     records = [
