@@ -8,7 +8,12 @@ reported in TFLOP/s and as a fraction of the same run's 8192^3 bf16 matmul. cuBL
 workspace size once per process (``CUBLAS_WORKSPACE_CONFIG``, ``CUBLASLT_WORKSPACE_SIZE``), so a
 workspace comparison is two runs; ``--label`` names each. GPU only.
 
+``--sweep A:B:STEP`` times the four over every row count of a range and prints one line per
+count: their sum (a layer's GEMM time) and the smallest sum at any count at or above it, the
+time a pass would take if it were padded to the best larger size.
+
     python -m bench.gemm_shapes --out DIR [--rows 4100,10100,16100] [--label default]
+    python -m bench.gemm_shapes --out DIR --rows "" --sweep 3072:16384:64
 """
 
 from __future__ import annotations
@@ -69,6 +74,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rows", default="4100,10100,15400,16100,20100")
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--label", default="default")
+    ap.add_argument("--sweep", default="", help="A:B:STEP, row counts of a sweep (sums only)")
+    ap.add_argument("--sweep-iters", type=int, default=20)
     a = ap.parse_args(argv)
     n = 8192
     ref = matmul_tflops(n)
@@ -78,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---|---:|---|---:|---:|---:|")
     records = []
     for model in a.models.split(","):
-        for m in map(int, a.rows.split(",")):
+        for m in [int(x) for x in a.rows.split(",") if x]:
             for name, (fn, flops) in gemms(model, m).items():
                 ms = time_ms(fn, a.iters)
                 tf = flops / ms / 1e9
@@ -89,9 +96,31 @@ def main(argv: list[str] | None = None) -> None:
                     f"| {a.label} | {model} | {m} | {name} | {ms:.4f} | {tf:.0f} | {tf / ref:.3f} |",
                     flush=True,
                 )
+    sweep = []
+    if a.sweep:
+        lo, hi, step = map(int, a.sweep.split(":"))
+        for model in a.models.split(","):
+            ms_ = {
+                m: sum(time_ms(fn, a.sweep_iters) for fn, _ in gemms(model, m).values())
+                for m in range(lo, hi + 1, step)
+            }
+            best = float("inf")
+            for m in sorted(ms_, reverse=True):
+                best = min(best, ms_[m])
+                sweep.append(
+                    dict(label=a.label, model=model, rows=m, layer_ms=ms_[m], best_at_or_above_ms=best)
+                )
+            sweep.sort(key=lambda r: (r["model"], r["rows"]))
+        print("| model | rows | layer GEMMs ms | best at or above | ns a row |")
+        print("|---|---:|---:|---:|---:|")
+        for r in sweep:
+            ns, best = 1e6 * r["layer_ms"] / r["rows"], r["best_at_or_above_ms"]
+            print(f"| {r['model']} | {r['rows']} | {r['layer_ms']:.4f} | {best:.4f} | {ns:.2f} |")
     a.out.mkdir(parents=True, exist_ok=True)
     path = a.out / f"gemm_shapes_{a.label}.json"
-    path.write_text(json.dumps({"matmul_tflops": ref, "env": env, "records": records}, indent=1))
+    path.write_text(
+        json.dumps({"matmul_tflops": ref, "env": env, "records": records, "sweep": sweep}, indent=1)
+    )
 
 
 if __name__ == "__main__":

@@ -91,14 +91,19 @@ def qkv_views(qkv: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim: 
 
 
 def default_config(
-    num_tokens: int, num_q_heads: int, num_kv_heads: int, head_dim: int
+    num_tokens: int, num_q_heads: int, num_kv_heads: int, head_dim: int, in_place: bool = False
 ) -> tuple[int, int, int, bool]:
-    """(BLOCK_T tokens, BLOCK_H heads, num_warps, heads_fastest) of one program: 2k elements
-    (4 KiB of bf16 in, as much out) in 2 warps, in blocks of 4 heads (a block never straddles
-    the q/k boundary when it divides Hkv), head blocks varying fastest. Independent of
-    ``num_tokens``, so that one compiled kernel serves every batch size. The best of the 22
-    shapes that ``bench/qk_norm_rope.py`` sweeps on an H200 (Qwen3-0.6B and -8B heads, 4k and
-    16k tokens), though within 5% of most of them."""
+    """(BLOCK_T tokens, BLOCK_H heads, num_warps, heads_fastest) of one program, independent of
+    ``num_tokens`` so that one compiled kernel serves every batch size; the best of the 22 shapes
+    that ``bench/qk_norm_rope.py`` sweeps on an H200 (Qwen3-0.6B and -8B heads, 4k and 16k tokens).
+
+    Into new tensors: 2k elements (4 KiB of bf16 in, as much out) in 2 warps, in blocks of 4
+    heads (a block never straddles the q/k boundary when it divides Hkv), head blocks varying
+    fastest; within 5% of most shapes. In place (the serving layout, ``qkv_views``): one head of
+    16 tokens in 4 warps, tokens varying fastest, within 2% of the best shape of each of the four
+    cases and 4-8% faster than the first (session 18, bench/RESULTS.md section 24)."""
+    if in_place:
+        return max(1, min(2048 // triton.next_power_of_2(head_dim), 64)), 1, 4, False
     block_h = 4 if num_kv_heads % 4 == 0 else 2 if num_kv_heads % 2 == 0 else 1
     block_t = max(1, min(2048 // (block_h * triton.next_power_of_2(head_dim)), 64))
     return block_t, block_h, 2, True
@@ -163,7 +168,8 @@ def qk_norm_rope(
     v = v_out if copy_v else qkv[:, (hq + hkv) * d :].view(T, hkv, d)
     if T == 0:
         return q, k, v
-    block_t, block_h, num_warps, heads_fastest = config or default_config(T, hq, hkv, d)
+    in_place = q.data_ptr() == qkv.data_ptr() and q.stride(0) == qkv.stride(0)
+    block_t, block_h, num_warps, heads_fastest = config or default_config(T, hq, hkv, d, in_place)
     n_head_blocks = triton.cdiv(hq + hkv, block_h) + (triton.cdiv(hkv, block_h) if copy_v else 0)
     has_norm = q_weight is not None
     grid = (triton.cdiv(T, block_t) * n_head_blocks,)
