@@ -12,4 +12,6 @@ timeout 120 python3 -m bench.attention_layouts --shapes C,A --models 0.6b --out 
 timeout 60 python3 -m bench.gemm_shapes --out "$OUT" --label default 2>&1 | grep -v Warn | tee -a "$OUT/probe.log"
 CUBLAS_WORKSPACE_CONFIG=:0:0 CUBLASLT_WORKSPACE_SIZE=0 timeout 60 python3 -m bench.gemm_shapes --out "$OUT" \
   --label no-workspace 2>&1 | grep -v Warn | tee -a "$OUT/probe.log"
-[ "${BASELINES:-1}" = 0 ] || bash scripts/gpu/baselines.sh 100 60 | grep "^|" | tail -12
+# (the device tool returns 8 files: the baselines' JSON and log go back as one archive)
+[ "${BASELINES:-1}" = 0 ] || { bash scripts/gpu/baselines.sh 100 60 | grep "^|" | tail -12
+  tar czf "$OUT/baselines.tgz" -C "$OUT" throughput.json throughput_8b.json throughput.log && rm "$OUT"/throughput*; }
