@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The layer's GEMMs over every row count from 3,072 to 16,384 (step 64; 0.6B, and 8B with
 # MODEL_8B=1 at step 256): does padding a pass to a larger size ever take less time?  Then the
-# Triton GPU tests and `auto` on WORKLOADS (default C,A) for the q/k kernel's in-place config.
+# GPU tests, and `auto` beside `auto@greedy` (a split's passes greedy, not even)
+# on WORKLOADS (default C,A).
 #   bash scripts/gpu/gemm_sweep.sh   -> $OUT/gemm_shapes_sweep*.json, gemm_sweep.log, throughput.json
 source scripts/gpu/env.sh
-python3 -m pytest -m gpu tests/gpu/test_triton_ops.py -q -p no:cacheprovider 2>&1 | tail -2
+[ "${GPU_TESTS:-1}" = 0 ] || bash scripts/gpu/test.sh | tail -2
 timeout 120 python3 -m bench.gemm_shapes --out "$OUT" --rows "" --sweep 3072:16384:64 --label sweep 2>&1 \
   | grep -v Warn >"$OUT/gemm_sweep.log"
 [ "${MODEL_8B:-0}" = 0 ] || timeout 200 python3 -m bench.gemm_shapes --out "$OUT" --models 8b --rows "" \
   --sweep 3072:16384:256 --label sweep8b 2>&1 | grep -v Warn >>"$OUT/gemm_sweep.log"
 head -3 "$OUT/gemm_sweep.log"
 [ -z "${WORKLOADS-C,A}" ] || python3 -m bench.throughput --models qwen3-0.6b --workloads "${WORKLOADS:-C,A}" \
-  --systems auto --seconds 3 --out "$OUT" 2>&1 | grep "^|"
+  --systems auto,auto@greedy --seconds 3 --out "$OUT" 2>&1 | grep "^|"
