@@ -13,7 +13,8 @@ label ids. For each workload (prompt + N docs of S tokens) and system:
   three buffers instead of left in the QKV GEMM's output; ``@noaddmm`` with the residual adds
   outside the output and down GEMMs (``DecoderLM.residual_in_gemm``); ``@finorm`` with
   FlashInfer's hidden-state norms instead of Triton's (``DecoderLM.triton_norm``); ``@greedy`` with a
-  split call's passes filled greedily instead of evenly; ``@pool`` with a split
+  split call's passes filled greedily instead of evenly; ``@nomat`` with long docs' attention paged
+  instead of on FA3 over a gathered copy of their keys; ``@pool`` with a split
   call's passes reusing its prompt's K/V from a pool, never computing it again): batches of at
   most ``--budget`` tokens formed as the server's batcher forms them at saturation
   (``full_batches``: no runt at the list's end) and pipelined as it runs them (the next batch
@@ -424,6 +425,7 @@ def engine_for(
     residual_in_gemm: bool = True,
     triton_norm: bool = True,
     balanced: bool = True,
+    materialize: bool = True,
 ) -> Engine:
     """The serving configuration (FlashInfer, CUDA graphs); the torch reference on the CPU (smoke);
     the embedded tokenizer, for the text calls. ``attention``: FlashInfer's prefill kernels
@@ -434,7 +436,8 @@ def engine_for(
     heads copied out of the QKV GEMM's output (``DecoderLM.qkv_in_place``); ``recompute=False``: a
     split call never computes its prompt again (``EngineConfig.prompt_recompute_share`` 0);
     ``residual_in_gemm``, ``triton_norm``: ``DecoderLM``'s settings of those names; ``balanced=False``:
-    a split call's passes greedy (``EngineConfig.balance_split_from``)."""
+    a split call's passes greedy (``EngineConfig.balance_split_from``); ``materialize=False``: long
+    docs' calls paged, not on FA3 over a copy of their keys (``FlashInferBackend``'s ``materialize``)."""
     cuda = device.type == "cuda"
     model = build_model(device, cfg["num_hidden_layers"], kernels if cuda else "torch", cfg)
     model.qkv_in_place = model.qkv_in_place and qkv_in_place
@@ -445,7 +448,7 @@ def engine_for(
     if cuda:
         from scorer.attention.flashinfer import FlashInferBackend
 
-        backend = FlashInferBackend(spec, kernels=attention, contiguous=contiguous)
+        backend = FlashInferBackend(spec, kernels=attention, contiguous=contiguous, materialize=materialize)
     else:
         backend = TorchBackend(spec)
     runner = ModelRunner(model, backend, 16384 if cuda else 0)
@@ -479,7 +482,7 @@ def main(argv: list[str] | None = None) -> None:
         "--systems",
         default="",
         help="auto, auto@flashinfer, auto@fa3, auto@lt, auto@paged, auto@copyv, auto@noaddmm, auto@finorm,"
-        " auto@greedy, auto@pool, a scheme, hf_naive, hf_prefix",
+        " auto@greedy, auto@nomat, auto@pool, a scheme, hf_naive, hf_prefix",
     )
     ap.add_argument("--seconds", type=float, default=4.0, help="per system, at saturation")
     ap.add_argument("--cache-systems", default="auto,auto+cache", help="the systems of the repeat workloads")
@@ -551,6 +554,7 @@ def main(argv: list[str] | None = None) -> None:
                                 residual_in_gemm=at != "noaddmm",
                                 triton_norm=at != "finorm",
                                 balanced=at != "greedy",
+                                materialize=at != "nomat",
                             )
                         )
                     if key not in engines:  # the same model and runner, with a pool

@@ -513,3 +513,21 @@ def test_np_ranges_int32_is_the_int64_ranges_cast(monkeypatch, cap):
         got = base.np_ranges(starts, lengths, np.int32)
         assert got.dtype == np.int32 and np.array_equal(got, expected)
     assert not base.iota(3).flags.writeable  # shared between plans: nobody writes it
+
+
+def test_only_large_calls_of_long_docs_are_materialized():
+    """FlashInfer's rule for FA3 over a gathered copy of a call's keys (``materialize_call``):
+    C-like calls qualify, short docs, long prompts (a copy over 1.25x the rows), small calls
+    and calls whose keys are already one run do not."""
+    from scorer.attention.flashinfer import materialize_call
+
+    def calls(name, shapes):
+        return [c for p in get(name).plan(shapes, 0).passes for c in p.calls]
+
+    assert all(materialize_call(c) for c in calls("ragged", [Shape(100, (400,) * 50)]))
+    assert all(materialize_call(c) for c in calls("ragged", [Shape(100, (400,) * 6)] * 2))
+    assert not any(materialize_call(c) for c in calls("ragged", [Shape(300, (50,) * 10)] * 20))  # A
+    assert not any(materialize_call(c) for c in calls("ragged", [Shape(2000, (400,) * 30)]))  # copy 2.3x
+    assert not any(materialize_call(c) for c in calls("ragged", [Shape(100, (400,) * 5)]))  # 2,100 rows
+    assert not any(materialize_call(c) for c in calls("naive", [Shape(100, (400,) * 50)]))  # one run each
+    assert not any(materialize_call(c) for c in calls("multi_item", [Shape(100, (400,) * 50)]))

@@ -3,7 +3,8 @@
 The K/V of a layer is the page pool itself (``page_size = 1``): ``k`` and ``v`` of shape
 ``[slots, Hkv, D]`` are handed to the paged wrapper as ``[slots, 1, Hkv, D]`` views, so no K/V is
 copied; a call whose requests read one consecutive run of slots (``contiguous_run``: cascade's
-levels, naive) goes to the ragged-KV wrapper as that run's ``k[a:b]``, without a page table.
+levels, naive) goes to the ragged-KV wrapper as that run's ``k[a:b]``, without a page table; on Hopper a large call of long docs on a short prompt runs on
+FA3's contiguous kernel over its keys gathered in request order (``materialize_call``).
 ``plan`` runs once per forward pass: it turns the host-side metadata of each call into
 FlashInfer's plan (indptrs, page table, kMultiItemScoring metadata or the packed custom mask)
 and moves it to the device with non-blocking copies; ``run`` then only launches kernels, once
@@ -137,6 +138,30 @@ def contiguous_run(c: AttentionCall) -> tuple[int, int] | None:
     return a, a + len(idx)
 
 
+MATERIALIZE_MIN_QUERIES = 256
+MATERIALIZE_MAX_GROWTH = 1.25
+"""With ``materialize`` on Hopper, a large call (``FA2_MIN_ROWS``) of long requests (at least
+``MATERIALIZE_MIN_QUERIES`` queries each on average: long docs on a shared prompt) whose keys are
+not one run of slots is run on FA3's contiguous kernel over a copy of its keys, gathered in
+request order (each doc's prompt keys copied before its own), when that copy holds at most
+``MATERIALIZE_MAX_GROWTH`` times the call's rows. One attention layer of C (100 + 50 x 400) on the
+H200 (bench/RESULTS.md section 24): 0.270 ms paged (FA2 or FA3 alike), 0.203 ms on FA3 over the
+copy, 0.246 with the copy made by ``index_select``."""
+
+
+def materialize_call(c: AttentionCall) -> bool:
+    """Does ``c`` qualify for FA3 over a gathered copy of its keys (see ``MATERIALIZE_MIN_QUERIES``)?"""
+    if c.page_size != 1 or c.multi_item is not None or c.custom_mask is not None:
+        return False
+    rows, keys = c.q_end - c.q_start, len(c.kv_indices)
+    return (
+        rows >= FA2_MIN_ROWS
+        and rows >= MATERIALIZE_MIN_QUERIES * c.num_requests
+        and keys <= MATERIALIZE_MAX_GROWTH * rows
+        and contiguous_run(c) is None
+    )
+
+
 class _Launch:
     """``wrapper.run(q, kv, out=out, lse=lse)`` as the module's ``paged_run`` (or ``ragged_run``
     for the ragged-KV wrapper) with the arguments ``run`` would pass, fixed once the wrapper is
@@ -206,23 +231,28 @@ class _Launch:
 @dataclass
 class _Call:
     """One planned attention call: its wrapper, the contiguous slots it reads (the ragged-KV
-    wrapper) or None (the paged one), and its fast launch where that applies."""
+    wrapper) or None (the paged one), its fast launch where that applies, and for a materialized
+    call (``materialize_call``) the slots to gather and the buffers they go to."""
 
     wrapper: object
     run_slots: tuple[int, int] | None
     launch: _Launch | None
+    gather: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     def __call__(self, q, k, v, out, lse=None) -> None:
         """Attention of the call's rows ``q`` into ``out`` (and its log-sum-exp into ``lse``);
         ``k``, ``v`` the layer's pool, ``[slots, Hkv, D]`` or ``[pages, page_size, Hkv, D]``."""
-        if self.run_slots is not None:
+        if self.gather is not None:
+            idx, kg, vg = self.gather
+            k, v = torch.index_select(k, 0, idx, out=kg), torch.index_select(v, 0, idx, out=vg)
+        elif self.run_slots is not None:
             a, b = self.run_slots
             k, v = k[a:b], v[a:b]
         elif k.dim() == 3:
             k, v = k.unsqueeze(1), v.unsqueeze(1)
         if self.launch is not None:
             self.launch(q, k, v, out, lse)
-        elif self.run_slots is not None:
+        elif self.run_slots is not None or self.gather is not None:
             self.wrapper.run(q, k, v, out=out, lse=lse, return_lse=lse is not None)
         else:
             self.wrapper.run(q, (k, v), out=out, lse=lse, return_lse=lse is not None)
@@ -253,6 +283,9 @@ class FlashInferBackend:
         Run a call whose requests read one consecutive run of slots (``contiguous_run``) on that
         run through the ragged-KV wrapper (False: every call through the paged wrapper; the
         benchmarks compare the two).
+    materialize
+        On Hopper with ``kernels="auto"``, run a large call of long requests on FA3 over a
+        gathered copy of its keys (``materialize_call``; False: paged, as any other call).
 
     Raises ``UnsupportedShape`` when FlashInfer cannot run ``spec`` (dtype, head_dim, device) and
     ImportError when it is not installed: the choice of backend is made once, at start
@@ -268,6 +301,7 @@ class FlashInferBackend:
         workspace_bytes: int = WORKSPACE_BYTES,
         fast_run: bool = True,
         contiguous: bool = True,
+        materialize: bool = True,
     ) -> None:
         if kernels == "auto":
             kernels = os.environ.get(KERNELS_ENV, "auto") or "auto"
@@ -276,6 +310,7 @@ class FlashInferBackend:
         self.spec = spec
         self.fast_run = fast_run
         self.contiguous = contiguous
+        self.materialize = materialize
         self.stats: Counter = Counter()
         reason = unsupported_reason(spec)
         if reason is not None:
@@ -292,6 +327,7 @@ class FlashInferBackend:
         self._groups: list[_Planned] = []
         self._num_calls = 0
         self._contiguous = 0
+        self._materialized = 0
         self._merge = merge_in_place()
 
     def kernel_for(self, c: AttentionCall) -> str:
@@ -307,6 +343,7 @@ class FlashInferBackend:
         self._ring_events[slot] = ev
         self._num_calls = len(p.calls)
         self._contiguous = sum(c.run_slots is not None for g in self._groups for c in g.calls)
+        self._materialized = sum(c.gather is not None for g in self._groups for c in g.calls)
 
     def _plan_group(self, slot: int, p: Pass, members: list[int]) -> _Planned:
         """The calls of one merge group, and for several the buffers of their merge, allocated
@@ -345,14 +382,19 @@ class FlashInferBackend:
 
     def _plan_call(self, slot: int, index: int, c: AttentionCall) -> _Call:
         s, dev = self.spec, self.spec.device
-        kernel = self.kernel_for(c)
-        run_slots = contiguous_run(c) if self.contiguous else None
-        w = self._wrapper(slot, index, kernel, run_slots is not None)
+        gather = None
+        if self.materialize and self.kernels == "auto" and self._hopper and materialize_call(c):
+            n = len(c.kv_indices)
+            kg, vg = (torch.empty(n, s.num_kv_heads, s.head_dim, dtype=s.dtype, device=dev) for _ in "kv")
+            gather = (to_device(c.kv_indices.long(), dev), kg, vg)
+        kernel = "fa3" if gather is not None else self.kernel_for(c)
+        run_slots = contiguous_run(c) if self.contiguous and gather is None else None
+        w = self._wrapper(slot, index, kernel, run_slots is not None or gather is not None)
         common = dict(
             causal=c.causal, sm_scale=s.sm_scale, q_data_type=s.dtype, kv_data_type=s.dtype, non_blocking=True
         )
         heads = (s.num_qo_heads, s.num_kv_heads, s.head_dim)
-        if run_slots is not None:
+        if run_slots is not None or gather is not None:
             w.plan(c.qo_indptr, c.kv_indptr, *heads, **common)
         else:
             kw: dict = {}
@@ -375,7 +417,8 @@ class FlashInferBackend:
             if c.custom_mask is not None:
                 w._mask_indptr_buf = to_device(c.custom_mask.indptr, dev)
         fast = self.fast_run and _Launch.applies(w)
-        return _Call(w, run_slots, _Launch(w, s, run_slots is not None) if fast else None)
+        ragged = run_slots is not None or gather is not None
+        return _Call(w, run_slots, _Launch(w, s, ragged) if fast else None, gather)
 
     def run(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor | None = None
@@ -413,6 +456,7 @@ class FlashInferBackend:
             self.stats["merges"] += len(rest)
         self.stats["calls"] += self._num_calls
         self.stats["contiguous"] += self._contiguous
+        self.stats["materialized"] += self._materialized
         return out
 
 

@@ -341,3 +341,25 @@ def test_contiguous_kv_equals_the_paged_pool(scheme: str, kernels: str):
         assert on.stats["contiguous"] == on.stats["calls"] > 0
     if scheme == "ragged":
         assert on.stats["contiguous"] < on.stats["calls"]
+
+
+@pytest.mark.skipif(not SM90, reason="FA3 needs sm90")
+@pytest.mark.parametrize(
+    "shapes", [[Shape(100, (400,) * 12)], [Shape(100, (400,) * 6)] * 2, [Shape(60, (300, 520, 410, 260) * 3)]]
+)
+def test_long_docs_run_fa3_over_a_gathered_copy_of_their_keys(shapes):
+    """A large ragged call of long docs on a short prompt (C's shape) runs FA3 over its keys
+    gathered in request order, and agrees with the paged call and the torch reference; below
+    the rule (``materialize=False``, or short docs) the call stays paged."""
+    sp = spec(torch.bfloat16)
+    plan = make_plan("ragged", shapes)
+    q, k, v = random_qkv(shapes, sp, 500)
+    on, off = FlashInferBackend(sp), FlashInferBackend(sp, materialize=False)
+    got = replay_attention(plan, on, q, k, v)
+    check_close(got, replay_attention(plan, TorchBackend(sp), q, k, v), f"materialized {shapes}")
+    check_close(got, replay_attention(plan, off, q, k, v), f"materialized against paged {shapes}")
+    assert on.stats["materialized"] > 0 and off.stats["materialized"] == 0
+    short = [Shape(100, (40,) * 120)]  # 4,900 rows of 40-token docs: paged
+    short_backend = FlashInferBackend(sp)
+    replay_attention(make_plan("ragged", short), short_backend, *random_qkv(short, sp, 501))
+    assert short_backend.stats["materialized"] == 0
