@@ -1,10 +1,11 @@
 """FlashInfer attention: every attention call of a plan as one batch-prefill call.
 
 The K/V of a layer is the page pool itself (``page_size = 1``): ``k`` and ``v`` of shape
-``[slots, Hkv, D]`` are handed to the paged wrapper as ``[slots, 1, Hkv, D]`` views, so no K/V is
-copied; a call whose requests read one consecutive run of slots (``contiguous_run``: cascade's
-levels, naive) goes to the ragged-KV wrapper as that run's ``k[a:b]``, without a page table; on Hopper a large call of long docs on a short prompt runs on
-FA3's contiguous kernel over its keys gathered in request order (``materialize_call``).
+``[slots, Hkv, D]`` are handed to the paged wrapper as ``[slots, 1, Hkv, D]`` views, so no K/V
+is copied; a call whose requests read one consecutive run of slots (``contiguous_run``:
+cascade's levels, naive) goes to the ragged-KV wrapper as that run's ``k[a:b]``, without a page
+table; on Hopper a large call of long docs on a short prompt runs on FA3's contiguous kernel
+over its keys gathered in request order (``materialize_call``).
 ``plan`` runs once per forward pass: it turns the host-side metadata of each call into
 FlashInfer's plan (indptrs, page table, kMultiItemScoring metadata or the packed custom mask)
 and moves it to the device with non-blocking copies; ``run`` then only launches kernels, once
