@@ -173,7 +173,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--attention",
         default="auto",
-        help="comma-separated FlashInfer kernels (auto, fa2, fa3), each profiled",
+        help="comma-separated FlashInfer kernels (auto, fa2, fa3), each profiled (auto/nomat: long docs'"
+        " calls paged, not FA3 over a gathered copy of their keys)",
     )
     ap.add_argument("--blas", default="default", help="comma-separated bench.throughput.BLAS, each profiled")
     ap.add_argument("--batches", type=int, default=12)
@@ -192,8 +193,9 @@ def main(argv: list[str] | None = None) -> None:
             device,
             kernels.split("/")[0],
             a.budget,
-            attention=attention,
+            attention=attention.split("/")[0],
             blas=blas,
+            materialize=not attention.endswith("/nomat"),
             residual_in_gemm=not kernels.endswith("/noaddmm"),
             triton_norm=not kernels.endswith("/finorm"),
         )
