@@ -14,8 +14,7 @@ label ids. For each workload (prompt + N docs of S tokens) and system:
   outside the output and down GEMMs (``DecoderLM.residual_in_gemm``); ``@finorm`` with
   FlashInfer's hidden-state norms instead of Triton's (``DecoderLM.triton_norm``); ``@greedy`` with a
   split call's passes filled greedily instead of evenly; ``@nomat`` with long docs' attention paged
-  instead of on FA3 over a gathered copy of their keys; ``@untimed`` with every pass in the smallest
-  CUDA-graph bucket that holds it, not the fastest at or above it; ``@pool`` with a split
+  instead of on FA3 over a gathered copy of their keys; ``@pool`` with a split
   call's passes reusing its prompt's K/V from a pool, never computing it again): batches of at
   most ``--budget`` tokens formed as the server's batcher forms them at saturation
   (``full_batches``: no runt at the list's end) and pipelined as it runs them (the next batch
@@ -427,7 +426,6 @@ def engine_for(
     triton_norm: bool = True,
     balanced: bool = True,
     materialize: bool = True,
-    timed: bool = True,
 ) -> Engine:
     """The serving configuration (FlashInfer, CUDA graphs); the torch reference on the CPU (smoke);
     the embedded tokenizer, for the text calls. ``attention``: FlashInfer's prefill kernels
@@ -439,8 +437,7 @@ def engine_for(
     split call never computes its prompt again (``EngineConfig.prompt_recompute_share`` 0);
     ``residual_in_gemm``, ``triton_norm``: ``DecoderLM``'s settings of those names; ``balanced=False``:
     a split call's passes greedy (``EngineConfig.balance_split_from``); ``materialize=False``: long
-    docs' calls paged, not on FA3 over a copy of their keys (``FlashInferBackend``'s ``materialize``);
-    ``timed=False``: every pass in the smallest bucket that holds it (``GraphedDecoder.timed``)."""
+    docs' calls paged, not on FA3 over a copy of their keys (``FlashInferBackend``'s ``materialize``)."""
     cuda = device.type == "cuda"
     model = build_model(device, cfg["num_hidden_layers"], kernels if cuda else "torch", cfg)
     model.qkv_in_place = model.qkv_in_place and qkv_in_place
@@ -457,8 +454,6 @@ def engine_for(
     runner = ModelRunner(model, backend, 16384 if cuda else 0)
     if runner.graphs is not None and fine != FINE:
         runner.graphs.buckets = buckets(runner.graphs.max_tokens, fine=fine)
-    if runner.graphs is not None:
-        runner.graphs.timed = timed
     with blas_choice(blas):
         runner.capture_graphs()
     config = EngineConfig(
@@ -487,7 +482,7 @@ def main(argv: list[str] | None = None) -> None:
         "--systems",
         default="",
         help="auto, auto@flashinfer, auto@fa3, auto@lt, auto@paged, auto@copyv, auto@noaddmm, auto@finorm,"
-        " auto@greedy, auto@nomat, auto@untimed, auto@pool, a scheme, hf_naive, hf_prefix",
+        " auto@greedy, auto@nomat, auto@pool, a scheme, hf_naive, hf_prefix",
     )
     ap.add_argument("--seconds", type=float, default=4.0, help="per system, at saturation")
     ap.add_argument("--cache-systems", default="auto,auto+cache", help="the systems of the repeat workloads")
@@ -560,7 +555,6 @@ def main(argv: list[str] | None = None) -> None:
                                 triton_norm=at != "finorm",
                                 balanced=at != "greedy",
                                 materialize=at != "nomat",
-                                timed=at != "untimed",
                             )
                         )
                     if key not in engines:  # the same model and runner, with a pool

@@ -355,13 +355,3 @@ def test_residual_adds_in_the_gemms_match_the_eager_model(case: str, tmp_path: P
 def causal_attention_out(layer, q, k, v, out=None):
     o = causal_attention(layer, q, k, v)
     return o if out is None else out.copy_(o)
-
-
-def test_a_pass_runs_in_the_fastest_bucket_at_or_above_its_own():
-    from scorer.models.graphs import fastest_at_or_above
-
-    assert fastest_at_or_above([1.0, 2.0, 3.0]) == [0, 1, 2]  # time grows with rows: no move
-    assert fastest_at_or_above([1.0, 3.0, 2.9, 2.0, 4.0]) == [0, 3, 3, 3, 4]
-    assert fastest_at_or_above([1.0, 2.0, 1.99]) == [0, 1, 2]  # within the gain (2%): no move
-    assert fastest_at_or_above([5.0, 5.0, 1.0], gain=0.5) == [2, 2, 2]
-    assert fastest_at_or_above([]) == []

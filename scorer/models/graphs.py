@@ -16,10 +16,8 @@ stores): a pass on the pool then launches no copies of its own (two per layer, ~
 time in a 28-layer forward of one call).
 
 Inputs and outputs of the segments live in buffers allocated once for the largest bucket; a
-request of ``T`` tokens runs in the smallest bucket ``>= T``, or in a larger one whose graphs
-replayed faster when they were timed after capture (``time_buckets``: cuBLAS's choice of GEMM
-kernel by row count makes their time lumpy), and its rows ``T..bucket`` are padding, which the
-row-wise segments compute and nobody reads (attention sees rows ``:T`` only).
+request of ``T`` tokens runs in the smallest bucket ``>= T`` and its rows ``T..bucket`` are
+padding, which the row-wise segments compute and nobody reads (attention sees rows ``:T`` only).
 Without capture (``capture=False``, e.g. on the CPU) the same segments run eagerly over the same
 buffers, which is how the padding and buffer plumbing is tested without a GPU.
 """
@@ -45,22 +43,6 @@ FINE = (0.25, 128)
 """(f, n): from ``f * max_tokens`` up, a bucket every ``max_tokens / n`` rows."""
 TOP_QUARTER = (0.75, 64)
 """Sessions 9-15's fine buckets: every ``max_tokens / 64`` rows in the top quarter alone."""
-
-
-PAD_GAIN = 0.02
-"""A pass runs in a larger bucket than the smallest that holds it only where that bucket's graphs
-replayed at least this much faster (``time_buckets``): less is within the timing's noise."""
-
-
-def fastest_at_or_above(times: list[float], gain: float = PAD_GAIN) -> list[int]:
-    """For each bucket ``i`` (ascending sizes, ``times[i]`` its replay), the bucket to run in: the
-    fastest ``j >= i`` where it is more than ``gain`` faster than ``i``, else ``i``."""
-    out, best = [0] * len(times), len(times) - 1
-    for i in reversed(range(len(times))):
-        if times[i] <= times[best]:
-            best = i
-        out[i] = best if times[best] < times[i] * (1 - gain) else i
-    return out
 
 
 def buckets(max_tokens: int, fine: tuple[float, int] | None = FINE) -> list[int]:
@@ -91,14 +73,11 @@ class GraphedDecoder:
     buffer: valid until the next call.
     """
 
-    def __init__(self, model: DecoderLM, max_tokens: int, capture: bool = True, timed: bool = True) -> None:
+    def __init__(self, model: DecoderLM, max_tokens: int, capture: bool = True) -> None:
         self.model = model
         self.buckets = buckets(max_tokens)
         self.max_tokens = self.buckets[-1]
         self.capture = capture
-        self.timed = timed  # time the buckets after capture (``time_buckets``)
-        self.replay_ms: list[float] = []
-        self._run_in: list[int] = []  # bucket index -> the bucket index a pass runs in
         self.stats: Counter = Counter()
         mc = model.config
         p = next(model.parameters())
@@ -145,11 +124,8 @@ class GraphedDecoder:
         )
 
     def bucket(self, n: int) -> int | None:
-        """The bucket a pass of ``n`` rows runs in (None: over the largest, eager)."""
         i = bisect_left(self.buckets, n)
-        if i >= len(self.buckets):
-            return None
-        return self.buckets[self._run_in[i] if self._run_in else i]
+        return self.buckets[i] if i < len(self.buckets) else None
 
     def _segment(self, i: int, n: int) -> None:
         """Segment ``i`` over the first ``n`` rows of the buffers."""
@@ -208,38 +184,6 @@ class GraphedDecoder:
             len(self.buckets),
             self.max_tokens,
             took,
-        )
-        if self.capture and self.timed:
-            took += self.time_buckets()
-        return took
-
-    def time_buckets(self, reps: int = 2) -> float:
-        """Replay each bucket's graphs (every segment, no attention: the best of ``reps`` after one
-        more) and let a pass run in the fastest bucket at or above its smallest one
-        (``fastest_at_or_above``). cuBLAS picks its GEMM kernels by row count, and some counts run
-        slower than larger ones: on an H200 a Qwen3-0.6B layer's GEMMs take 0.84 ms at 15,488 rows
-        and 0.78 at 15,872 (bench/RESULTS.md section 24). Returns the seconds it took."""
-        t0 = time.perf_counter()
-        if self.slots is not None:
-            self.slots.copy_(self.spare)  # the pool's spare slots: replays write nothing that is read
-        times = []
-        for b in self.buckets:
-            best = float("inf")
-            for r in range(reps + 1):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                for run in self._segments[b]:
-                    run()
-                end.record()
-                end.synchronize()
-                if r:
-                    best = min(best, start.elapsed_time(end))
-            times.append(best)
-        self.replay_ms, self._run_in = times, fastest_at_or_above(times)
-        moved = sum(j != i for i, j in enumerate(self._run_in))
-        took = time.perf_counter() - t0
-        log.info(
-            "timed %d CUDA graph buckets in %.1f s: %d run in a larger, faster one", len(times), took, moved
         )
         return took
 

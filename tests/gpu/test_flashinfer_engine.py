@@ -60,12 +60,6 @@ def gpu_engine(checkpoint):
     engine = build_engine(checkpoint, "flashinfer", "cuda", torch.bfloat16, EngineConfig())
     assert engine.runner.backend.name == "flashinfer" and engine.runner.model.fused
     assert engine.runner.capture_graphs() > 0
-    g = engine.runner.graphs
-    assert len(g.replay_ms) == len(g.buckets) and min(g.replay_ms) > 0  # timed after capture
-    for n in (1, 17, 1000, g.max_tokens):  # the smallest bucket that holds n, or a faster larger one
-        smallest = min(b for b in g.buckets if b >= n)
-        assert g.bucket(n) >= smallest
-        assert g.replay_ms[g.buckets.index(g.bucket(n))] <= g.replay_ms[g.buckets.index(smallest)]
     return engine
 
 
