@@ -12,9 +12,8 @@ label ids. For each workload (prompt + N docs of S tokens) and system:
   the paged pool, also those that read one run of slots; ``@copyv`` with q, k and v written to
   three buffers instead of left in the QKV GEMM's output; ``@noaddmm`` with the residual adds
   outside the output and down GEMMs (``DecoderLM.residual_in_gemm``); ``@finorm`` with
-  FlashInfer's hidden-state norms instead of Triton's (``DecoderLM.triton_norm``); ``@greedy`` with a
-  split call's passes filled greedily instead of evenly; ``@nomat`` with long docs' attention paged
-  instead of on FA3 over a gathered copy of their keys; ``@pool`` with a split
+  FlashInfer's hidden-state norms instead of Triton's (``DecoderLM.triton_norm``); ``@nomat`` with
+  long docs' attention paged instead of on FA3 over a gathered copy of their keys; ``@pool`` with a split
   call's passes reusing its prompt's K/V from a pool, never computing it again): batches of at
   most ``--budget`` tokens formed as the server's batcher forms them at saturation
   (``full_batches``: no runt at the list's end) and pipelined as it runs them (the next batch
@@ -424,7 +423,6 @@ def engine_for(
     recompute: bool = True,
     residual_in_gemm: bool = True,
     triton_norm: bool = True,
-    balanced: bool = True,
     materialize: bool = True,
 ) -> Engine:
     """The serving configuration (FlashInfer, CUDA graphs); the torch reference on the CPU (smoke);
@@ -435,9 +433,9 @@ def engine_for(
     through the paged pool (``FlashInferBackend``'s ``contiguous``); ``qkv_in_place=False``: the
     heads copied out of the QKV GEMM's output (``DecoderLM.qkv_in_place``); ``recompute=False``: a
     split call never computes its prompt again (``EngineConfig.prompt_recompute_share`` 0);
-    ``residual_in_gemm``, ``triton_norm``: ``DecoderLM``'s settings of those names; ``balanced=False``:
-    a split call's passes greedy (``EngineConfig.balance_split_from``); ``materialize=False``: long
-    docs' calls paged, not on FA3 over a copy of their keys (``FlashInferBackend``'s ``materialize``)."""
+    ``residual_in_gemm``, ``triton_norm``: ``DecoderLM``'s settings of those names;
+    ``materialize=False``: long docs' calls paged, not on FA3 over a copy of their keys
+    (``FlashInferBackend``'s ``materialize``)."""
     cuda = device.type == "cuda"
     model = build_model(device, cfg["num_hidden_layers"], kernels if cuda else "torch", cfg)
     model.qkv_in_place = model.qkv_in_place and qkv_in_place
@@ -460,7 +458,6 @@ def engine_for(
         max_tokens_per_pass=budget,
         auto_policy="calibrated",
         prompt_recompute_share=None if recompute else 0.0,
-        balance_split_from=EngineConfig.balance_split_from if balanced else budget + 1,
     )
     return Engine(runner, embedded_tokenizer(), config)
 
@@ -482,7 +479,7 @@ def main(argv: list[str] | None = None) -> None:
         "--systems",
         default="",
         help="auto, auto@flashinfer, auto@fa3, auto@lt, auto@paged, auto@copyv, auto@noaddmm, auto@finorm,"
-        " auto@greedy, auto@nomat, auto@pool, a scheme, hf_naive, hf_prefix",
+        " auto@nomat, auto@pool, a scheme, hf_naive, hf_prefix",
     )
     ap.add_argument("--seconds", type=float, default=4.0, help="per system, at saturation")
     ap.add_argument("--cache-systems", default="auto,auto+cache", help="the systems of the repeat workloads")
@@ -553,7 +550,6 @@ def main(argv: list[str] | None = None) -> None:
                                 recompute=at != "pool",
                                 residual_in_gemm=at != "noaddmm",
                                 triton_norm=at != "finorm",
-                                balanced=at != "greedy",
                                 materialize=at != "nomat",
                             )
                         )

@@ -22,7 +22,6 @@ from .planning import AUTO, Plan, PlanError, Scheme, Shape, get, plan_batch
 from .planning.cached import on_pool
 from .planning.choose import auto_policy
 from .planning.schemes import DEFAULT_GROUP_SIZE
-from .planning.split import BALANCE_MIN_BUDGET
 from .prefix_cache import Lease, PoolFull, PrefixCache
 from .readout import DocScore, ScoreResult, Usage
 from .request import (
@@ -62,9 +61,6 @@ class EngineConfig:
     """A split request computes its prompt again in each pass (no K/V pool, no copies) where that
     adds at most this share of its rows; None: what the copies cost on the model (``copy_share``),
     0: never."""
-    balance_split_from: int = BALANCE_MIN_BUDGET
-    """A split request's passes are as even as their count allows where ``max_tokens_per_pass`` is
-    at least this (``planning.split.chunk_items``); larger than it: greedy passes."""
     auto_policy: str = "default"  # see planning.choose.auto_policy
     max_doc_bytes: int = MAX_DOC_BYTES
     max_request_bytes: int = MAX_REQUEST_BYTES
@@ -201,7 +197,6 @@ class Engine(Tokenizing):
             c.max_tokens_per_pass,
             c.max_custom_mask_tokens,
             share,
-            c.balance_split_from,
         )
 
     def score(self, req: ScoreRequest) -> ScoreResult:

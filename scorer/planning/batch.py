@@ -10,26 +10,20 @@ import torch
 
 from .base import ItemLoc, Pass, Plan, Shape, check_plan, with_score_rows
 from .schemes import Scheme
-from .split import BALANCE_MIN_BUDGET, split_to_budget
+from .split import split_to_budget
 
 Planned = tuple[Shape, Scheme, int]
 """What the batch planner needs of a request: its shape, concrete scheme and group size."""
 
 
-def plan_batch(
-    requests: Sequence[Planned],
-    budget: int,
-    mask_cap: int,
-    recompute_share: float = 0.0,
-    balance_from: int = BALANCE_MIN_BUDGET,
-) -> Plan:
+def plan_batch(requests: Sequence[Planned], budget: int, mask_cap: int, recompute_share: float = 0.0) -> Plan:
     """Requests of the same (scheme, group size) planned together, the groups combined; a lone
     request over ``budget`` tokens split into passes that reuse its prompt's K/V, or compute a
-    short prompt again (``split_to_budget``'s ``recompute_share`` and ``balance_from``)."""
+    short prompt again (``split_to_budget``'s ``recompute_share``)."""
     if len(requests) == 1 and budget:
         shape, scheme, group = requests[0]
         if scheme.rows(shape) > budget:
-            plan = split_to_budget(scheme, shape, budget, group, recompute_share, balance_from)
+            plan = split_to_budget(scheme, shape, budget, group, recompute_share)
             check_plan(plan, mask_cap)
             return with_score_rows(plan, [0])
     keys = [(scheme.name, group) for _, scheme, group in requests]

@@ -27,36 +27,10 @@ if TYPE_CHECKING:
     from .schemes import Scheme
 
 
-BALANCE_MIN_BUDGET = 1024
-"""A split's passes are made even (``chunk_items``) where the budget is at least this many rows:
-smaller passes are host-bound, and their split stays greedy (the golden file's split cases run
-on budgets of 64 and 128 rows and keep their passes bit for bit)."""
-
-
-def chunk_items(
-    shape: Shape, budget: int, naive: bool, recompute: bool = False, balance_from: int = BALANCE_MIN_BUDGET
-) -> list[tuple[int, int]]:
-    """(first item, count) chunks whose pass rows stay within ``budget`` (at least one item), as
-    few as greedy filling gives. Where ``budget >= balance_from`` they are as even as that count
-    allows: the smallest cap under which greedy filling needs no more chunks (a call of 20,100
-    rows runs as 10,100 + 10,100, not 16,100 + 4,100, whose short pass runs its GEMMs at 0.44-0.63
-    of the matmul: bench/RESULTS.md section 24). The prefix's rows count once per item
-    (``naive``), once per chunk (``recompute``) or in the first chunk only."""
-    chunks = _greedy(shape, budget, naive, recompute)
-    if len(chunks) == 1 or budget < balance_from:
-        return chunks
-    lo, hi = 1, budget
-    while lo < hi:  # the chunk count is non-increasing in the cap
-        mid = (lo + hi) // 2
-        if len(_greedy(shape, mid, naive, recompute)) <= len(chunks):
-            hi = mid
-        else:
-            lo = mid + 1
-    return _greedy(shape, lo, naive, recompute)
-
-
-def _greedy(shape: Shape, budget: int, naive: bool, recompute: bool) -> list[tuple[int, int]]:
-    """Greedy (first item, count) chunks whose pass rows stay within ``budget``."""
+def chunk_items(shape: Shape, budget: int, naive: bool, recompute: bool = False) -> list[tuple[int, int]]:
+    """Greedy (first item, count) chunks whose pass rows stay within ``budget`` (at least one
+    item). The prefix's rows count once per item (``naive``), once per chunk (``recompute``) or in
+    the first chunk only."""
     p = shape.prefix_len
     chunks, start, rows = [], 0, 0 if naive else p
     for i, n in enumerate(shape.item_lens):
@@ -106,26 +80,20 @@ def extend_groups(shapes: list[Shape], group: int = 0) -> Plan:
 
 
 def split_to_budget(
-    scheme: Scheme,
-    shape: Shape,
-    budget: int,
-    group_size: int,
-    recompute_share: float = 0.0,
-    balance_from: int = BALANCE_MIN_BUDGET,
+    scheme: Scheme, shape: Shape, budget: int, group_size: int, recompute_share: float = 0.0
 ) -> Plan:
     """``scheme``'s plan of ``shape``, but with no pass over ``budget`` rows where items allow;
     the prompt computed again in each pass where that adds at most ``recompute_share`` of the
-    request's rows (see the module's docstring); passes even where ``budget >= balance_from``
-    (``chunk_items``)."""
+    request's rows (see the module's docstring)."""
     plan_fn = scheme.planner(group_size)
     naive = scheme.extend is None
-    chunks = chunk_items(shape, budget, naive, balance_from=balance_from)
+    chunks = chunk_items(shape, budget, naive)
     if len(chunks) == 1:
         return plan_fn([shape])
     p, offs = shape.prefix_len, item_offsets(shape)
     recompute = naive
     if not naive and p and recompute_share > 0:
-        again = chunk_items(shape, budget, naive, recompute=True, balance_from=balance_from)
+        again = chunk_items(shape, budget, naive, recompute=True)
         if p * (len(again) - 1) <= recompute_share * shape.num_tokens:
             chunks, recompute = again, True
     passes: list[Pass] = []
