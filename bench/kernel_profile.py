@@ -31,7 +31,7 @@ FAMILIES = (  # the first pattern a kernel's name matches names its family (FA3'
     ("gemm", r"gemm|cutlass|xmma|nvjet|cublas|splitKreduce"),
     ("qk_norm_rope", r"qk_norm_rope"),
     ("add_rmsnorm", r"FusedAddRMSNorm"),
-    ("rmsnorm", r"RMSNorm"),
+    ("rmsnorm", r"RMSNorm|rms_norm"),
     ("silu_and_mul", r"act_and_mul|silu"),
     ("copy_index", r"index|copy|gather|scatter|Memcpy|Memset|embedding|indexSelect"),
     ("residual_add", r"elementwise|CUDAFunctor_add|AddFunctor"),
