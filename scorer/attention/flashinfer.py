@@ -163,6 +163,17 @@ def materialize_call(c: AttentionCall) -> bool:
     )
 
 
+def _adjacent(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
+    """``[slots, 2, Hkv, D]``, k and v as one view, where v's heads follow k's in each row of one
+    buffer (the QKV GEMM's output, ``qkv_views``), else None."""
+    if k.dim() != 3 or k.shape != v.shape or k.stride() != v.stride() or k.dtype != v.dtype:
+        return None
+    slots, h, d = k.shape
+    if k.stride(2) != 1 or k.stride(1) != d or v.data_ptr() != k.data_ptr() + h * d * k.element_size():
+        return None
+    return k.as_strided((slots, 2, h, d), (k.stride(0), h * d, d, 1))
+
+
 class _Launch:
     """``wrapper.run(q, kv, out=out, lse=lse)`` as the module's ``paged_run`` (or ``ragged_run``
     for the ragged-KV wrapper) with the arguments ``run`` would pass, fixed once the wrapper is
@@ -238,14 +249,19 @@ class _Call:
     wrapper: object
     run_slots: tuple[int, int] | None
     launch: _Launch | None
-    gather: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    gather: tuple[torch.Tensor, torch.Tensor] | None = None  # slots [n], buffer [n, 2, Hkv, D]
 
     def __call__(self, q, k, v, out, lse=None) -> None:
         """Attention of the call's rows ``q`` into ``out`` (and its log-sum-exp into ``lse``);
         ``k``, ``v`` the layer's pool, ``[slots, Hkv, D]`` or ``[pages, page_size, Hkv, D]``."""
         if self.gather is not None:
-            idx, kg, vg = self.gather
-            k, v = torch.index_select(k, 0, idx, out=kg), torch.index_select(v, 0, idx, out=vg)
+            idx, buf = self.gather
+            kv = _adjacent(k, v)
+            if kv is not None:  # one gather of both (q/k/v in place in the QKV GEMM's output)
+                torch.index_select(kv, 0, idx, out=buf)
+                k, v = buf[:, 0], buf[:, 1]
+            else:
+                k, v = torch.index_select(k, 0, idx), torch.index_select(v, 0, idx)
         elif self.run_slots is not None:
             a, b = self.run_slots
             k, v = k[a:b], v[a:b]
@@ -385,9 +401,8 @@ class FlashInferBackend:
         s, dev = self.spec, self.spec.device
         gather = None
         if self.materialize and self.kernels == "auto" and self._hopper and materialize_call(c):
-            n = len(c.kv_indices)
-            kg, vg = (torch.empty(n, s.num_kv_heads, s.head_dim, dtype=s.dtype, device=dev) for _ in "kv")
-            gather = (to_device(c.kv_indices.long(), dev), kg, vg)
+            buf = torch.empty(len(c.kv_indices), 2, s.num_kv_heads, s.head_dim, dtype=s.dtype, device=dev)
+            gather = (to_device(c.kv_indices.long(), dev), buf)
         kernel = "fa3" if gather is not None else self.kernel_for(c)
         run_slots = contiguous_run(c) if self.contiguous and gather is None else None
         w = self._wrapper(slot, index, kernel, run_slots is not None or gather is not None)

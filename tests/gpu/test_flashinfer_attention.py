@@ -359,6 +359,14 @@ def test_long_docs_run_fa3_over_a_gathered_copy_of_their_keys(shapes):
     check_close(got, replay_attention(plan, TorchBackend(sp), q, k, v), f"materialized {shapes}")
     check_close(got, replay_attention(plan, off, q, k, v), f"materialized against paged {shapes}")
     assert on.stats["materialized"] > 0 and off.stats["materialized"] == 0
+    if len(plan.passes) == 1:  # k and v as views of one QKV buffer (the serving layout): one gather
+        from scorer.models.triton_ops import qkv_views
+
+        idx = plan.passes[0].logical.to(DEV)
+        qkv = torch.cat([t[idx].flatten(1) for t in (q, k, v)], 1)
+        on.plan(plan.passes[0])
+        views = qkv_views(qkv, sp.num_qo_heads, sp.num_kv_heads, sp.head_dim)
+        assert torch.equal(on.run(0, *views), on.run(0, q[idx], k[idx], v[idx]))
     short = [Shape(100, (40,) * 120)]  # 4,900 rows of 40-token docs: paged
     short_backend = FlashInferBackend(sp)
     replay_attention(make_plan("ragged", short), short_backend, *random_qkv(short, sp, 501))
