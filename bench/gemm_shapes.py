@@ -25,21 +25,9 @@ from pathlib import Path
 
 import torch
 
+from .attention_layouts import time_ms
+
 MODELS = {"0.6b": (1024, 2048, 1024, 3072), "8b": (4096, 4096, 1024, 12288)}  # h, q, kv, mlp width
-
-
-def time_ms(fn, iters: int) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return sorted(times)[len(times) // 2]
 
 
 def matmul_tflops(n: int) -> float:
