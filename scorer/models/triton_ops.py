@@ -100,8 +100,8 @@ def default_config(
     Into new tensors: 2k elements (4 KiB of bf16 in, as much out) in 2 warps, in blocks of 4
     heads (a block never straddles the q/k boundary when it divides Hkv), head blocks varying
     fastest; within 5% of most shapes. In place (the serving layout, ``qkv_views``): one head of
-    16 tokens in 4 warps, tokens varying fastest, within 2% of the best shape of each of the four
-    cases and 4-8% faster than the first (session 18, bench/RESULTS.md section 24)."""
+    16 tokens in 4 warps, tokens varying fastest, within 4% of the best shape in each of the four
+    cases (2% on average) and 7-13% faster than the first (session 18, bench/RESULTS.md section 24)."""
     if in_place:
         return max(1, min(2048 // triton.next_power_of_2(head_dim), 64)), 1, 4, False
     block_h = 4 if num_kv_heads % 4 == 0 else 2 if num_kv_heads % 2 == 0 else 1
