@@ -66,9 +66,15 @@ class Layer:
             kv.append(torch.cat([prompt, torch.arange(row, row + self.s)]))
         return q, kv
 
-    def flops(self, heads: int) -> float:
-        """Useful FLOPs of the layer: QK^T and PV over the visible keys."""
-        work = self.calls * (self.p * self.p / 2 + self.n * self.s * (self.p + self.s / 2))
+    def flops(self, heads: int, part: str = "all") -> float:
+        """Useful FLOPs of the layer: QK^T and PV over the visible keys; ``part`` "shared": the
+        docs' queries on their prompt's keys alone, "unique": each doc on its own keys alone."""
+        docs = self.calls * self.n * self.s
+        work = {
+            "all": self.calls * self.p * self.p / 2 + docs * (self.p + self.s / 2),
+            "shared": docs * self.p,
+            "unique": docs * self.s / 2,
+        }[part]
         return 4 * heads * HEAD_DIM * work
 
 
@@ -139,7 +145,7 @@ def variants(lay: Layer, heads: tuple[int, int], backend: str, ws: list[torch.Te
         + [torch.cat([prompt_kv[j // lay.n], torch.arange(r, r + lay.s)]) for j, r in enumerate(lay.doc_rows)]
     ).cuda()
     dr = wrapper(ws[7], backend, q_lens, [len(x) for x in kv], True, heads)
-    kd = torch.empty(len(dup), *k_shape(heads), dtype=torch.bfloat16, device="cuda")
+    kd = torch.empty(len(dup), heads[1], HEAD_DIM, dtype=torch.bfloat16, device="cuda")
     vd = torch.empty_like(kd)
 
     def ragged_dup_copy(q, k, v, out):
@@ -171,10 +177,6 @@ def variants(lay: Layer, heads: tuple[int, int], backend: str, ws: list[torch.Te
     }
 
 
-def k_shape(heads: tuple[int, int]) -> tuple[int, int]:
-    return heads[1], HEAD_DIM
-
-
 def time_ms(fn, iters: int) -> float:
     for _ in range(5):
         fn()
@@ -199,7 +201,6 @@ def measure(model: str, name: str, iters: int, ws: list[torch.Tensor]) -> list[d
     )
     ref = torch.empty_like(q)
     variants(lay, heads, "fa2", ws)["ragged/paged"](q, k, v, ref)
-    shared_flops = 4 * heads[0] * HEAD_DIM * lay.calls * lay.n * lay.s * lay.p
     records = []
     for kernel in ("fa2", "fa3"):
         for label, fn in variants(lay, heads, kernel, ws).items():
@@ -210,14 +211,7 @@ def measure(model: str, name: str, iters: int, ws: list[torch.Tensor]) -> list[d
                 err = float((out.float() - ref.float()).norm() / ref.float().norm())
                 assert err < 2e-2, (model, name, label, kernel, err)
             ms = time_ms(lambda fn=fn, out=out: fn(q, k, v, out), iters)
-            unique_flops = 4 * heads[0] * HEAD_DIM * lay.calls * lay.n * lay.s * lay.s / 2
-            flops = (
-                lay.flops(heads[0])
-                if err is not None
-                else shared_flops
-                if label.startswith("shared")
-                else unique_flops
-            )
+            flops = lay.flops(heads[0], label.split(" ")[0] if err is None else "all")
             records.append(
                 {
                     "model": model,

@@ -539,11 +539,10 @@ def main(argv: list[str] | None = None) -> None:
                 for system in cache_systems if streamed else systems:
                     rec = rows.setdefault(system, {"model": name, "workload": w, "system": system})
                     again = rnd > 0 and (system.startswith("hf_") or streamed)  # measured once
-                    if "error" in rec or "skipped" in rec or again:
-                        pass
-                    elif time.monotonic() <= stop_at:
+                    done = "error" in rec or "skipped" in rec or again
+                    if not done and time.monotonic() <= stop_at:
                         measure(rec, engines, cfg, device, a, w, reqs, streamed, idle=last)
-                    elif "docs_s" not in rec:
+                    elif not done and "docs_s" not in rec:
                         rec["skipped"] = "time budget of the run"
                     if not last:
                         continue
