@@ -28,6 +28,7 @@ from .timing import environment, sync, write_json
 
 FAMILIES = (  # the first pattern a kernel's name matches names its family (FA3's names hold "cutlass")
     ("attention", r"PrefillWithKVCache|BatchPrefill|MergeState|Attention"),
+    ("gate_up_silu", r"gate_up_silu"),  # Triton's gate/up GEMM writing silu(g) * u
     ("gemm", r"gemm|cutlass|xmma|nvjet|cublas|splitKreduce"),
     ("qk_norm_rope", r"qk_norm_rope"),
     ("add_rmsnorm", r"FusedAddRMSNorm"),
@@ -167,7 +168,8 @@ def main(argv: list[str] | None = None) -> None:
         "--kernels",
         default="fused",
         help="comma-separated model kernels, each profiled (KERNELS/noaddmm: the residual adds"
-        " outside the GEMMs; KERNELS/finorm: FlashInfer's hidden-state norms, not Triton's)",
+        " outside the GEMMs; KERNELS/finorm: FlashInfer's hidden-state norms, not Triton's;"
+        " KERNELS/noswiglu: gate/up on cuBLAS and FlashInfer's SiLU-and-mul, not Triton's one GEMM)",
     )
     ap.add_argument("--schemes", default="auto", help="comma-separated: auto or a scheme, each profiled")
     ap.add_argument(
@@ -198,6 +200,7 @@ def main(argv: list[str] | None = None) -> None:
             materialize=not attention.endswith("/nomat"),
             residual_in_gemm=not kernels.endswith("/noaddmm"),
             triton_norm=not kernels.endswith("/finorm"),
+            swiglu_gemm=not kernels.endswith("/noswiglu"),
         )
         for w, scheme in itertools.product(a.workloads.split(","), a.schemes.split(",")):
             rec = {

@@ -121,6 +121,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(inter, hidden, bias=bias)
 
         self.gate_up: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        self.swiglu_gemm = False  # ``DecoderLM.swiglu_gemm``
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The MLP of x."""
@@ -130,7 +131,10 @@ class MLP(nn.Module):
         """The down projection's input, ``silu(gate(x)) * up(x)`` (merged: one GEMM, one kernel)."""
         if self.gate_up is None:
             return F.silu(self.gate_proj(x)) * self.up_proj(x)
-        return fused.silu_and_mul(F.linear(x, *self.gate_up))
+        w, b = self.gate_up
+        if self.swiglu_gemm and b is None and triton_ops.gate_up_silu_supported(x, w):
+            return triton_ops.gate_up_silu(x, w)
+        return fused.silu_and_mul(F.linear(x, w, b))
 
     def merge_gate_up(self) -> None:
         """One GEMM for gate and up: their weights become views of one tensor."""
@@ -193,6 +197,7 @@ class DecoderLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
         self.triton_norm = kernels == "fused"
+        self.swiglu_gemm = kernels == "fused"
 
     @property
     def fused(self) -> bool:
@@ -228,6 +233,18 @@ class DecoderLM(nn.Module):
     def qkv_in_place(self, value: bool) -> None:
         for layer in self.model.layers:
             layer.self_attn.in_place = value
+
+    @property
+    def swiglu_gemm(self) -> bool:
+        """Does the MLP's gate/up GEMM write ``silu(gate) * up`` itself (Triton's ``gate_up_silu``,
+        on Hopper; else cuBLAS's GEMM into [T, 2I] and FlashInfer's SiLU-and-mul)? The default with
+        ``kernels="fused"``. Settable before graphs are built (benchmarks)."""
+        return all(layer.mlp.swiglu_gemm for layer in self.model.layers)
+
+    @swiglu_gemm.setter
+    def swiglu_gemm(self, value: bool) -> None:
+        for layer in self.model.layers:
+            layer.mlp.swiglu_gemm = value
 
     @property
     def triton_norm(self) -> bool:

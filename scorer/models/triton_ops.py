@@ -322,3 +322,142 @@ if triton is not None:
             dst = v_ptr + rows * stride_vt + hh * stride_vh + cols
             tl.store(dst, tl.load(src, mask=ok), mask=ok)
             tl.store(dst + HALF, tl.load(src + HALF, mask=ok), mask=ok)
+
+
+def gate_up_silu_reference(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``silu(x @ w[:N].T) * (x @ w[N:].T)`` for ``w`` [2N, H] (gate rows, then up rows), the
+    products in fp32 and rounded once: the semantics of ``gate_up_silu``."""
+    n = w.shape[0] // 2
+    g = x.float() @ w[:n].float().t()
+    u = x.float() @ w[n:].float().t()
+    y = g / (1.0 + torch.exp(-g)) * u
+    return y.to(x.dtype) if out is None else out.copy_(y)
+
+
+GateUpConfig = tuple[int, int, int, int, int, int, bool]
+"""(BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps, GROUP_M, persistent) of ``gate_up_silu``."""
+
+
+def gate_up_config(rows: int, hidden: int, inter: int) -> GateUpConfig:
+    """The default program shape of ``gate_up_silu``: 128 rows by 128 gate and 128 up columns in two
+    warp groups, K in steps of 64 over 3 stages of TMA loads (48 KiB a stage), one program a tile."""
+    return 128, 128, 64, 3, 8, 8, False
+
+
+def gate_up_silu_supported(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Can ``gate_up_silu`` run ``x`` [T, H] by ``w`` [2N, H] on this device (Hopper's TMA, bf16 or
+    fp16, 16-byte aligned rows, N a multiple of 128)?"""
+    return (
+        triton is not None
+        and x.is_cuda
+        and _capability(x.device) >= 9
+        and x.dtype in (torch.bfloat16, torch.float16)
+        and w.dtype == x.dtype
+        and x.dim() == 2
+        and x.stride(1) == 1
+        and w.is_contiguous()
+        and _tma_rows(x)
+        and (x.shape[1] * x.element_size()) % 16 == 0
+        and w.shape[0] % 256 == 0
+    )
+
+
+def gate_up_silu(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    out: torch.Tensor | None = None,
+    *,
+    config: GateUpConfig | None = None,
+) -> torch.Tensor:
+    """The MLP's down-projection input ``silu(x @ gate.T) * (x @ up.T)`` as one GEMM kernel: ``w``
+    [2N, H] holds the gate rows, then the up rows (``MLP.merge_gate_up``); each program computes a
+    tile of both products in fp32 and writes only ``silu(g) * u``, rounded once, to ``out`` [T, N]
+    (new when None). Against cuBLAS's GEMM into [T, 2N] and FlashInfer's ``silu_and_mul`` it writes
+    and reads the [T, 2N] intermediate not at all and launches one kernel instead of two (and no
+    workspace memset); FlashInfer's pair rounds g and u to bf16 before the product (a ulp apart).
+    Allocates nothing with ``out`` given, so it can be captured in a CUDA graph. CPU tensors go to
+    ``gate_up_silu_reference``."""
+    if not x.is_cuda and not (_INTERPRET and triton is not None):
+        return gate_up_silu_reference(x, w, out)
+    if triton is None:
+        raise RuntimeError("gate_up_silu on CUDA needs triton")
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    T, H = x.shape
+    n = w.shape[0] // 2
+    if w.shape != (2 * n, H):
+        raise ValueError(f"w must be [2N, {H}], got {tuple(w.shape)}")
+    out = x.new_empty(T, n) if out is None else out
+    if out.shape != (T, n) or out.stride(1) != 1 or not _tma_rows(out):
+        raise ValueError(f"out must be [{T}, {n}] with contiguous, 16-byte aligned rows")
+    if T == 0:
+        return out
+    bm, bn, bk, stages, warps, group, persistent = config or gate_up_config(T, H, n)
+    if n % bn:
+        raise ValueError(f"N = {n} must be a multiple of BLOCK_N = {bn}")
+    tiles = triton.cdiv(T, bm) * (n // bn)
+    programs = min(tiles, _num_sms(x.device)) if persistent else tiles
+    _gate_up_silu_kernel[(programs,)](
+        TensorDescriptor.from_tensor(x, [bm, bk]),
+        TensorDescriptor.from_tensor(w, [bn, bk]),
+        TensorDescriptor.from_tensor(out, [bm, bn]),
+        T, n, H,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group, PROGRAMS=programs,
+        num_stages=stages, num_warps=warps,
+    )  # fmt: skip
+    return out
+
+
+def _tma_rows(t: torch.Tensor) -> bool:
+    """Can a TMA descriptor address ``t``'s rows (16-byte aligned start and row stride)?"""
+    return t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
+
+
+_SMS: dict = {}
+_CAPABILITY: dict = {}
+
+
+def _capability(device: torch.device) -> int:
+    if device not in _CAPABILITY:
+        _CAPABILITY[device] = torch.cuda.get_device_capability(device)[0]
+    return _CAPABILITY[device]
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":  # the interpreter
+        return 4
+    if device not in _SMS:
+        _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _SMS[device]
+
+
+if triton is not None:
+
+    @triton.jit(do_not_specialize=["M", "PROGRAMS"])
+    def _gate_up_silu_kernel(
+        x_desc, w_desc, y_desc, M, N, K,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+        PROGRAMS,
+    ):  # fmt: skip
+        """Tiles of [BLOCK_M rows, BLOCK_N columns] of the output in grouped order (GROUP_M row
+        blocks share their columns' weights in L2), PROGRAMS programs taking every PROGRAMS-th
+        tile; per tile two accumulators over K, g (weight rows n..) and u (rows N + n..)."""
+        num_m = tl.cdiv(M, BLOCK_M)
+        num_n = N // BLOCK_N
+        per_group = GROUP_M * num_n
+        for tile in tl.range(tl.program_id(0), num_m * num_n, PROGRAMS):
+            first_m = (tile // per_group) * GROUP_M
+            size_m = min(num_m - first_m, GROUP_M)
+            pid_m = first_m + (tile % per_group) % size_m
+            pid_n = (tile % per_group) // size_m
+            om = pid_m * BLOCK_M
+            on = pid_n * BLOCK_N
+            g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for kk in range(0, tl.cdiv(K, BLOCK_K)):
+                ok = kk * BLOCK_K
+                a = x_desc.load([om, ok])
+                g = tl.dot(a, w_desc.load([on, ok]).T, g)
+                u = tl.dot(a, w_desc.load([N + on, ok]).T, u)
+            y = g / (1.0 + tl.exp(-g)) * u
+            y_desc.store([om, on], y.to(y_desc.dtype))

@@ -9,7 +9,15 @@ import importlib.util
 import pytest
 import torch
 
-from scorer.models.triton_ops import qk_norm_rope, qk_norm_rope_reference, rms_norm, rms_norm_reference
+from scorer.models.triton_ops import (
+    gate_up_silu,
+    gate_up_silu_reference,
+    gate_up_silu_supported,
+    qk_norm_rope,
+    qk_norm_rope_reference,
+    rms_norm,
+    rms_norm_reference,
+)
 
 HAS_GPU = torch.cuda.is_available() and importlib.util.find_spec("triton") is not None
 gpu = pytest.mark.gpu
@@ -239,3 +247,71 @@ def test_rms_norm_on_the_cpu_is_the_reference():
     x32 = x.float()
     want = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + EPS) * w.float()).to(x.dtype)
     assert torch.equal(rms_norm_reference(x, w, EPS), want)
+
+
+def gate_up_inputs(T, h, n, dtype, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(T, h, generator=g, device="cuda").to(dtype)
+    w = (torch.randn(2 * n, h, generator=g, device="cuda") / h**0.5).to(dtype)
+    return x, w
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("shape", [(1024, 3072), (256, 512)], ids=["0.6b", "small"])
+@pytest.mark.parametrize("T", [1, 7, 300, 4097])
+def test_gate_up_silu_matches_reference(dtype, shape, T):
+    """One rounding of the fp32 ``silu(x @ gate.T) * (x @ up.T)``, into a new tensor or a given
+    one (here a column slice: strided rows, as the model's buffers may be)."""
+    h, n = shape
+    x, w = gate_up_inputs(T, h, n, dtype, seed=T)
+    if not gate_up_silu_supported(x, w):
+        pytest.skip("gate_up_silu needs Hopper")
+    ref32 = gate_up_silu_reference(x, w, torch.empty(T, n, device="cuda"))
+    assert_one_rounding(gate_up_silu(x, w), ref32)
+    base = torch.empty(T, n + 64, dtype=dtype, device="cuda")
+    out = base[:, 64:]
+    assert gate_up_silu(x, w, out).data_ptr() == out.data_ptr()
+    assert_one_rounding(out, ref32)
+
+
+@gpu
+@needs_gpu
+def test_gate_up_silu_every_benchmarked_shape():
+    """Each program shape ``bench.swiglu_gemm`` sweeps computes the same result (any of them may
+    become the default)."""
+    from bench.swiglu_gemm import CONFIGS
+
+    x, w = gate_up_inputs(1000, 1024, 3072, torch.bfloat16)
+    if not gate_up_silu_supported(x, w):
+        pytest.skip("gate_up_silu needs Hopper")
+    ref32 = gate_up_silu_reference(x, w, torch.empty(1000, 3072, device="cuda"))
+    for config in CONFIGS:
+        assert_one_rounding(gate_up_silu(x, w, config=config), ref32)
+
+
+@gpu
+@needs_gpu
+def test_gate_up_silu_replays_in_a_cuda_graph():
+    x, w = gate_up_inputs(300, 1024, 3072, torch.bfloat16)
+    if not gate_up_silu_supported(x, w):
+        pytest.skip("gate_up_silu needs Hopper")
+    out = torch.empty(300, 3072, dtype=x.dtype, device="cuda")
+    gate_up_silu(x, w, out)  # compiles outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gate_up_silu(x, w, out)
+    for seed in (1, 2):
+        x.copy_(gate_up_inputs(300, 1024, 3072, x.dtype, seed=seed)[0])
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_one_rounding(out, gate_up_silu_reference(x, w, torch.empty(300, 3072, device="cuda")))
+
+
+def test_gate_up_silu_on_the_cpu_is_the_reference():
+    x, w = torch.randn(5, 64).to(torch.bfloat16), torch.randn(256, 64).to(torch.bfloat16)
+    assert torch.equal(gate_up_silu(x, w), gate_up_silu_reference(x, w))
+    g, u = x.float() @ w[:128].float().t(), x.float() @ w[128:].float().t()
+    want = (torch.nn.functional.silu(g) * u).to(x.dtype)
+    torch.testing.assert_close(gate_up_silu_reference(x, w), want, rtol=2.0**-7, atol=1e-5)

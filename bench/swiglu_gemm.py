@@ -1,0 +1,125 @@
+"""The MLP's first half, ``silu(x @ gate.T) * (x @ up.T)``, as the model can run it on an H200.
+
+For each model and row count: cuBLAS's GEMM into [T, 2I] alone (``cublas gemm``), the same and
+FlashInfer's SiLU-and-mul (``cublas+silu``, the path before ``DecoderLM.swiglu_gemm``), and
+Triton's ``gate_up_silu`` in each program shape of ``--configs`` (the default shape first). Each
+is timed inside a CUDA graph of ``--reps`` calls (as the model's graphs run them: no host time),
+median of ``--iters`` replays, and given in microseconds and as a fraction of the same run's
+8192^3 bf16 matmul (useful FLOPs 4 T H I). Each output's largest error against the fp32 product
+(``gate_up_silu_reference``) is printed beside it. GPU only.
+
+    python -m bench.swiglu_gemm --out DIR [--models 0.6b,8b] [--rows 800,4100,16128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from scorer.models import fused, triton_ops
+
+from .gemm_shapes import MODELS, matmul_tflops
+from .timing import environment
+
+CONFIGS = [  # (BLOCK_M, BLOCK_N, BLOCK_K, stages, warps, GROUP_M, persistent)
+    (128, 128, 64, 3, 8, 8, False),
+    (128, 128, 64, 4, 8, 8, False),
+    (128, 128, 64, 3, 8, 8, True),
+    (128, 128, 64, 4, 8, 8, True),
+    (128, 64, 64, 4, 4, 8, False),
+    (128, 64, 64, 5, 4, 8, False),
+    (128, 64, 64, 4, 8, 8, False),
+    (64, 128, 64, 4, 4, 8, False),
+    (128, 128, 128, 2, 8, 8, False),
+    (64, 256, 64, 3, 8, 8, False),
+]
+
+
+def graph_us(fn, reps: int, iters: int) -> float:
+    """Median microseconds of one ``fn()`` over ``iters`` replays of a graph of ``reps`` calls."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    g.replay()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / reps)
+    return sorted(times)[len(times) // 2]
+
+
+def measure(model: str, rows: int, configs: list, reps: int, iters: int, peak: float) -> list[dict]:
+    h, _, _, i = MODELS[model]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(rows, h, device="cuda", dtype=torch.bfloat16, generator=g)
+    w = torch.randn(2 * i, h, device="cuda", dtype=torch.bfloat16, generator=g) / h**0.5
+    gu = torch.empty(rows, 2 * i, device="cuda", dtype=torch.bfloat16)
+    act = torch.empty(rows, i, device="cuda", dtype=torch.bfloat16)
+    ref = triton_ops.gate_up_silu_reference(x, w, torch.empty(rows, i, device="cuda", dtype=torch.float32))
+    flops = 4 * rows * h * i
+    runs = {
+        "cublas gemm": lambda: torch.mm(x, w.t(), out=gu),
+        "cublas+silu": lambda: act.copy_(fused.silu_and_mul(torch.mm(x, w.t(), out=gu))),
+    }
+    for c in configs:
+        runs["triton " + ",".join(map(str, c))] = lambda c=c: triton_ops.gate_up_silu(x, w, act, config=c)
+    out = []
+    for name, fn in runs.items():
+        rec = {"model": model, "rows": rows, "variant": name}
+        try:
+            fn()
+            torch.cuda.synchronize()
+            if name != "cublas gemm":
+                rec["max_err"] = (act.float() - ref).abs().max().item()
+                rec["ref_max"] = ref.abs().max().item()
+            rec["us"] = graph_us(fn, reps, iters)
+            rec["of_matmul"] = flops / (rec["us"] * 1e-6) / 1e12 / peak
+        except Exception as e:  # noqa: BLE001  (a shape that does not compile is recorded)
+            rec["error"] = f"{type(e).__name__}: {e}"[:300]
+        print(
+            f"| {model} | {rows} | {name} | {rec.get('us', float('nan')):.1f} | "
+            f"{rec.get('of_matmul', float('nan')):.3f} | {rec.get('max_err', float('nan')):.4f} |"
+            + (f" {rec['error']}" if "error" in rec else ""),
+            flush=True,
+        )
+        out.append(rec)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("out"))
+    ap.add_argument("--models", default="0.6b,8b")
+    ap.add_argument("--rows", default="800,4100,16128")
+    ap.add_argument("--configs", default="all", help="'all' (CONFIGS) or 'default'")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--iters", type=int, default=20)
+    a = ap.parse_args(argv)
+    a.out.mkdir(parents=True, exist_ok=True)
+    configs = CONFIGS if a.configs == "all" else CONFIGS[:1]
+    peak = matmul_tflops(8192)
+    result = {**environment(torch.device("cuda")), "matmul_tflops": peak, "records": []}
+    print(f"matmul {peak:.0f} TFLOP/s\n| model | rows | variant | us | of matmul | max err vs fp32 |")
+    print("|---|---:|---|---:|---:|---:|")
+    for model in a.models.split(","):
+        for rows in (int(r) for r in a.rows.split(",") if r):
+            result["records"] += measure(model, rows, configs, a.reps, a.iters, peak)
+            (a.out / "swiglu_gemm.json").write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
