@@ -334,19 +334,31 @@ def gate_up_silu_reference(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor |
     return y.to(x.dtype) if out is None else out.copy_(y)
 
 
-GateUpConfig = tuple[int, int, int, int, int, int, bool]
-"""(BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps, GROUP_M, persistent) of ``gate_up_silu``."""
+GemmConfig = tuple[int, int, int, int, int, int, bool]
+"""(BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps, GROUP_M, persistent) of ``_gemm_kernel``."""
 
 
-def gate_up_config(rows: int, hidden: int, inter: int) -> GateUpConfig:
+def gate_up_config(rows: int, hidden: int, inter: int) -> GemmConfig:
     """The default program shape of ``gate_up_silu``: 128 rows by 128 gate and 128 up columns in two
     warp groups, K in steps of 64 over 3 stages of TMA loads (48 KiB a stage), one program a tile."""
     return 128, 128, 64, 3, 8, 8, False
 
 
+def matmul_config(rows: int, k: int, n: int) -> GemmConfig:
+    """The default program shape of ``matmul``: 128 x 256 output tiles in two warp groups, K in
+    steps of 64 over 3 stages (48 KiB a stage)."""
+    return 128, 256, 64, 3, 8, 8, False
+
+
 def gate_up_silu_supported(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Can ``gate_up_silu`` run ``x`` [T, H] by ``w`` [2N, H] on this device (Hopper's TMA, bf16 or
     fp16, 16-byte aligned rows, N a multiple of 128)?"""
+    return matmul_supported(x, w) and w.shape[0] % 256 == 0
+
+
+def matmul_supported(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Can ``matmul`` (and the Triton GEMMs here) run ``x`` [T, K] by ``w`` [N, K] on this device
+    (Hopper's TMA, bf16 or fp16, 16-byte aligned rows)?"""
     return (
         triton is not None
         and x.is_cuda
@@ -358,7 +370,6 @@ def gate_up_silu_supported(x: torch.Tensor, w: torch.Tensor) -> bool:
         and w.is_contiguous()
         and _tma_rows(x)
         and (x.shape[1] * x.element_size()) % 16 == 0
-        and w.shape[0] % 256 == 0
     )
 
 
@@ -367,7 +378,7 @@ def gate_up_silu(
     w: torch.Tensor,
     out: torch.Tensor | None = None,
     *,
-    config: GateUpConfig | None = None,
+    config: GemmConfig | None = None,
 ) -> torch.Tensor:
     """The MLP's down-projection input ``silu(x @ gate.T) * (x @ up.T)`` as one GEMM kernel: ``w``
     [2N, H] holds the gate rows, then the up rows (``MLP.merge_gate_up``); each program computes a
@@ -379,30 +390,56 @@ def gate_up_silu(
     ``gate_up_silu_reference``."""
     if not x.is_cuda and not (_INTERPRET and triton is not None):
         return gate_up_silu_reference(x, w, out)
+    n = w.shape[0] // 2
+    if w.shape != (2 * n, x.shape[1]):
+        raise ValueError(f"w must be [2N, {x.shape[1]}], got {tuple(w.shape)}")
+    cfg = config or gate_up_config(*x.shape, n)
+    if n % cfg[1]:
+        raise ValueError(f"N = {n} must be a multiple of BLOCK_N = {cfg[1]}")
+    return _gemm(x, w, n, out, 2, cfg)
+
+
+def matmul(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    out: torch.Tensor | None = None,
+    *,
+    accumulate: bool = False,
+    config: GemmConfig | None = None,
+) -> torch.Tensor:
+    """``x @ w.T`` (``w`` [N, K], as ``nn.Linear`` holds it) in fp32 and rounded once into ``out``
+    [T, N] (new when None); with ``accumulate``, ``out += x @ w.T`` (the sum rounded once, as
+    cuBLAS's ``beta = 1``). On the GPU only (Hopper); measured against cuBLAS in
+    ``bench.triton_gemm``."""
+    if not accumulate and out is None:
+        out = x.new_empty(x.shape[0], w.shape[0])
+    if out is None:
+        raise ValueError("accumulate needs out")
+    return _gemm(x, w, w.shape[0], out, 1 if accumulate else 0, config or matmul_config(*x.shape, w.shape[0]))
+
+
+def _gemm(x: torch.Tensor, w: torch.Tensor, n: int, out, mode: int, config: GemmConfig) -> torch.Tensor:
+    """``_gemm_kernel`` in ``mode`` over ``x`` [T, K] and ``w`` (its first ``n`` rows, and for
+    mode 2 the next ``n``) into ``out`` [T, n] (new when None)."""
     if triton is None:
-        raise RuntimeError("gate_up_silu on CUDA needs triton")
+        raise RuntimeError("the Triton GEMMs need triton")
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    T, H = x.shape
-    n = w.shape[0] // 2
-    if w.shape != (2 * n, H):
-        raise ValueError(f"w must be [2N, {H}], got {tuple(w.shape)}")
+    T, K = x.shape
     out = x.new_empty(T, n) if out is None else out
     if out.shape != (T, n) or out.stride(1) != 1 or not _tma_rows(out):
         raise ValueError(f"out must be [{T}, {n}] with contiguous, 16-byte aligned rows")
     if T == 0:
         return out
-    bm, bn, bk, stages, warps, group, persistent = config or gate_up_config(T, H, n)
-    if n % bn:
-        raise ValueError(f"N = {n} must be a multiple of BLOCK_N = {bn}")
-    tiles = triton.cdiv(T, bm) * (n // bn)
+    bm, bn, bk, stages, warps, group, persistent = config
+    tiles = triton.cdiv(T, bm) * triton.cdiv(n, bn)
     programs = min(tiles, _num_sms(x.device)) if persistent else tiles
-    _gate_up_silu_kernel[(programs,)](
+    _gemm_kernel[(programs,)](
         TensorDescriptor.from_tensor(x, [bm, bk]),
         TensorDescriptor.from_tensor(w, [bn, bk]),
         TensorDescriptor.from_tensor(out, [bm, bn]),
-        T, n, H,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group, PROGRAMS=programs,
+        T, n, K,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group, PROGRAMS=programs, MODE=mode,
         num_stages=stages, num_warps=warps,
     )  # fmt: skip
     return out
@@ -434,16 +471,17 @@ def _num_sms(device: torch.device) -> int:
 if triton is not None:
 
     @triton.jit(do_not_specialize=["M", "PROGRAMS"])
-    def _gate_up_silu_kernel(
+    def _gemm_kernel(
         x_desc, w_desc, y_desc, M, N, K,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-        PROGRAMS,
+        PROGRAMS, MODE: tl.constexpr,
     ):  # fmt: skip
-        """Tiles of [BLOCK_M rows, BLOCK_N columns] of the output in grouped order (GROUP_M row
-        blocks share their columns' weights in L2), PROGRAMS programs taking every PROGRAMS-th
-        tile; per tile two accumulators over K, g (weight rows n..) and u (rows N + n..)."""
+        """y [M, N] from x [M, K] and w's rows: MODE 0 ``y = x @ w[:N].T``, 1 ``y += x @ w[:N].T``,
+        2 ``y = silu(x @ w[:N].T) * (x @ w[N:2N].T)``, accumulated in fp32 and rounded once. Tiles of
+        [BLOCK_M, BLOCK_N] in grouped order (GROUP_M row blocks share their columns' weights in L2),
+        PROGRAMS programs taking every PROGRAMS-th tile."""
         num_m = tl.cdiv(M, BLOCK_M)
-        num_n = N // BLOCK_N
+        num_n = tl.cdiv(N, BLOCK_N)
         per_group = GROUP_M * num_n
         for tile in tl.range(tl.program_id(0), num_m * num_n, PROGRAMS):
             first_m = (tile // per_group) * GROUP_M
@@ -452,12 +490,17 @@ if triton is not None:
             pid_n = (tile % per_group) // size_m
             om = pid_m * BLOCK_M
             on = pid_n * BLOCK_N
-            g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            if MODE == 2:
+                up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for kk in range(0, tl.cdiv(K, BLOCK_K)):
                 ok = kk * BLOCK_K
                 a = x_desc.load([om, ok])
-                g = tl.dot(a, w_desc.load([on, ok]).T, g)
-                u = tl.dot(a, w_desc.load([N + on, ok]).T, u)
-            y = g / (1.0 + tl.exp(-g)) * u
-            y_desc.store([om, on], y.to(y_desc.dtype))
+                acc = tl.dot(a, w_desc.load([on, ok]).T, acc)
+                if MODE == 2:
+                    up = tl.dot(a, w_desc.load([N + on, ok]).T, up)
+            if MODE == 2:
+                acc = acc / (1.0 + tl.exp(-acc)) * up
+            if MODE == 1:
+                acc += y_desc.load([om, on]).to(tl.float32)
+            y_desc.store([om, on], acc.to(y_desc.dtype))

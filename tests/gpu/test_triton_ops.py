@@ -13,6 +13,7 @@ from scorer.models.triton_ops import (
     gate_up_silu,
     gate_up_silu_reference,
     gate_up_silu_supported,
+    matmul,
     qk_norm_rope,
     qk_norm_rope_reference,
     rms_norm,
@@ -279,15 +280,15 @@ def test_gate_up_silu_matches_reference(dtype, shape, T):
 @gpu
 @needs_gpu
 def test_gate_up_silu_every_benchmarked_shape():
-    """Each program shape ``bench.swiglu_gemm`` sweeps computes the same result (any of them may
+    """Each program shape ``bench.triton_gemm`` sweeps computes the same result (any of them may
     become the default)."""
-    from bench.swiglu_gemm import CONFIGS
+    from bench.triton_gemm import SWIGLU_CONFIGS
 
     x, w = gate_up_inputs(1000, 1024, 3072, torch.bfloat16)
     if not gate_up_silu_supported(x, w):
         pytest.skip("gate_up_silu needs Hopper")
     ref32 = gate_up_silu_reference(x, w, torch.empty(1000, 3072, device="cuda"))
-    for config in CONFIGS:
+    for config in SWIGLU_CONFIGS:
         assert_one_rounding(gate_up_silu(x, w, config=config), ref32)
 
 
@@ -307,6 +308,27 @@ def test_gate_up_silu_replays_in_a_cuda_graph():
         graph.replay()
         torch.cuda.synchronize()
         assert_one_rounding(out, gate_up_silu_reference(x, w, torch.empty(300, 3072, device="cuda")))
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("accumulate", [False, True], ids=["mm", "addmm"])
+@pytest.mark.parametrize("shape", [(1024, 4096), (3072, 1024), (256, 1000)], ids=str)
+def test_matmul_matches_cublas(accumulate, shape):
+    """Triton's ``matmul`` (``out = x @ w.T``, or ``out += x @ w.T`` rounded once) within a ulp
+    or so of cuBLAS's, in every shape ``bench.triton_gemm`` sweeps (N need not fill a tile)."""
+    from bench.triton_gemm import MATMUL_CONFIGS
+
+    k, n = shape
+    g = torch.Generator(device="cuda").manual_seed(k + n)
+    x = torch.randn(777, k, generator=g, device="cuda").to(torch.bfloat16)
+    w = (torch.randn(n, k, generator=g, device="cuda") / k**0.5).to(torch.bfloat16)
+    y0 = torch.randn(777, n, generator=g, device="cuda").to(torch.bfloat16)
+    want32 = (y0.float() if accumulate else 0) + x.float() @ w.float().t()
+    for config in MATMUL_CONFIGS:
+        y = y0.clone()
+        got = matmul(x, w, y if accumulate else None, accumulate=accumulate, config=config)
+        assert_one_rounding(got, want32)
 
 
 def test_gate_up_silu_on_the_cpu_is_the_reference():

@@ -1,0 +1,172 @@
+"""The layer's GEMMs on Triton (``scorer.models.triton_ops``) against cuBLAS, as the model runs them.
+
+For each model and row count, the MLP's first half ``silu(x @ gate.T) * (x @ up.T)``: cuBLAS's
+GEMM into [T, 2I] alone (``cublas gemm``), the same and FlashInfer's SiLU-and-mul (``cublas+silu``,
+the path before ``DecoderLM.swiglu_gemm``), and Triton's ``gate_up_silu`` in each program shape of
+``SWIGLU_CONFIGS`` (the default first); then the other three GEMMs (q/k/v; the output and down
+projections added into the residual) on cuBLAS and on Triton's ``matmul`` in each shape of
+``MATMUL_CONFIGS``. Each is timed inside a CUDA graph of ``--reps`` calls (as the model's graphs
+run them: no host time), median of ``--iters`` replays, in microseconds and as a fraction of the
+same run's 8192^3 bf16 matmul. Each Triton output's largest difference from cuBLAS's (from the
+fp32 product for the MLP) is printed beside it. GPU only.
+
+    python -m bench.triton_gemm --out DIR [--models 0.6b,8b] [--rows 800,4100,16128] [--configs default]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from scorer.models import fused, triton_ops
+
+from .gemm_shapes import MODELS, matmul_tflops
+from .timing import environment
+
+SWIGLU_CONFIGS = [  # (BLOCK_M, BLOCK_N, BLOCK_K, stages, warps, GROUP_M, persistent)
+    (128, 128, 64, 3, 8, 8, False),
+    (128, 128, 64, 4, 8, 8, False),
+    (128, 128, 64, 3, 8, 8, True),
+    (128, 128, 64, 4, 8, 8, True),
+    (128, 64, 64, 4, 4, 8, False),
+    (128, 64, 64, 5, 4, 8, False),
+    (128, 64, 64, 4, 8, 8, False),
+    (64, 128, 64, 4, 4, 8, False),
+    (128, 128, 128, 2, 8, 8, False),
+    (64, 256, 64, 3, 8, 8, False),
+]
+MATMUL_CONFIGS = [
+    (128, 256, 64, 3, 8, 8, False),
+    (128, 256, 64, 4, 8, 8, False),
+    (128, 256, 64, 3, 8, 8, True),
+    (128, 128, 64, 4, 4, 8, False),
+    (128, 128, 64, 4, 8, 8, False),
+    (256, 128, 64, 3, 8, 8, False),
+]
+
+
+def graph_us(fn, reps: int, iters: int) -> float:
+    """Median microseconds of one ``fn()`` over ``iters`` replays of a graph of ``reps`` calls."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    g.replay()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / reps)
+    return sorted(times)[len(times) // 2]
+
+
+def timed(model: str, rows: int, runs: dict, check, flops: int, reps: int, iters: int, peak: float) -> list:
+    """Each of ``runs`` (name -> function) checked (``check(name)``: its error, or None) and timed."""
+    out = []
+    for name, fn in runs.items():
+        rec = {"model": model, "rows": rows, "variant": name}
+        try:
+            fn()
+            torch.cuda.synchronize()
+            err = check(name)
+            if err is not None:
+                rec["max_err"] = err
+            rec["us"] = graph_us(fn, reps, iters)
+            rec["of_matmul"] = flops[name.split()[0]] / (rec["us"] * 1e-6) / 1e12 / peak
+        except Exception as e:  # noqa: BLE001  (a shape that does not compile is recorded)
+            rec["error"] = f"{type(e).__name__}: {e}"[:300]
+        print(
+            f"| {model} | {rows} | {name} | {rec.get('us', float('nan')):.1f} | "
+            f"{rec.get('of_matmul', float('nan')):.3f} | {rec.get('max_err', float('nan')):.4f} |"
+            + (f" {rec['error']}" if "error" in rec else ""),
+            flush=True,
+        )
+        out.append(rec)
+    return out
+
+
+def measure(model: str, rows: int, configs: tuple, reps: int, iters: int, peak: float) -> list[dict]:
+    swiglu_configs, matmul_configs = configs
+    h, q, kv, i = MODELS[model]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(rows, h, device="cuda", dtype=torch.bfloat16, generator=g)
+    w = torch.randn(2 * i, h, device="cuda", dtype=torch.bfloat16, generator=g) / h**0.5
+    gu = torch.empty(rows, 2 * i, device="cuda", dtype=torch.bfloat16)
+    act = torch.empty(rows, i, device="cuda", dtype=torch.bfloat16)
+    ref = triton_ops.gate_up_silu_reference(x, w, torch.empty(rows, i, device="cuda", dtype=torch.float32))
+    runs = {
+        "mlp cublas gemm": lambda: torch.mm(x, w.t(), out=gu),
+        "mlp cublas+silu": lambda: act.copy_(fused.silu_and_mul(torch.mm(x, w.t(), out=gu))),
+    }
+    for c in swiglu_configs:
+        runs["mlp triton " + ",".join(map(str, c))] = lambda c=c: triton_ops.gate_up_silu(x, w, act, config=c)
+
+    def mlp_err(name):
+        return None if name == "mlp cublas gemm" else (act.float() - ref).abs().max().item()
+
+    flops = {"mlp": 4 * rows * h * i}
+    out = timed(model, rows, runs, mlp_err, flops, reps, iters, peak)
+    # the other three: (name, input width, output width, into the residual)
+    for name, k, n, add in (("qkv", h, q + 2 * kv, False), ("o+res", q, h, True), ("down+res", i, h, True)):
+        a = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16, generator=g)
+        wt = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g) / k**0.5
+        y0 = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16, generator=g)
+        y = y0.clone()
+        want = y0.addmm(a, wt.t()) if add else a @ wt.t()
+
+        def cublas(a=a, wt=wt, y=y, add=add):
+            return y.addmm_(a, wt.t()) if add else torch.mm(a, wt.t(), out=y)
+
+        runs = {f"{name} cublas": cublas}
+        for c in matmul_configs:
+            runs[f"{name} triton " + ",".join(map(str, c))] = lambda c=c, a=a, wt=wt, y=y, add=add: (
+                triton_ops.matmul(a, wt, y, accumulate=add, config=c)
+            )
+
+        def err(label, y=y, y0=y0, want=want, add=add, runs=runs):
+            if add:  # the timing's warm-up accumulated several times: check one call afresh
+                y.copy_(y0)
+                runs[label]()
+            return (y.float() - want.float()).abs().max().item()
+
+        out += timed(model, rows, runs, err, {name: 2 * rows * k * n}, reps, iters, peak)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("out"))
+    ap.add_argument("--models", default="0.6b,8b")
+    ap.add_argument("--rows", default="800,4100,16128")
+    ap.add_argument("--configs", default="all", help="'all' (CONFIGS) or 'default'")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--iters", type=int, default=20)
+    a = ap.parse_args(argv)
+    a.out.mkdir(parents=True, exist_ok=True)
+    configs = (
+        (SWIGLU_CONFIGS, MATMUL_CONFIGS) if a.configs == "all" else (SWIGLU_CONFIGS[:1], MATMUL_CONFIGS[:1])
+    )
+    peak = matmul_tflops(8192)
+    result = {**environment(torch.device("cuda")), "matmul_tflops": peak, "records": []}
+    print(f"matmul {peak:.0f} TFLOP/s\n| model | rows | variant | us | of matmul | max err |")
+    print("|---|---:|---|---:|---:|---:|")
+    for model in a.models.split(","):
+        for rows in (int(r) for r in a.rows.split(",") if r):
+            result["records"] += measure(model, rows, configs, a.reps, a.iters, peak)
+            (a.out / "triton_gemm.json").write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
