@@ -7,6 +7,6 @@ source scripts/gpu/env.sh
 [ "${GPU_TESTS:-1}" = 1 ] && bash scripts/gpu/test.sh | tail -3
 timeout 240 python3 -m bench.triton_gemm --out "$OUT" --models "${MODELS:-0.6b,8b}" \
   --rows "${ROWS:-800,4100,16128}" --configs "${CONFIGS:-all}" 2>&1 | grep -v Warning | tee "$OUT/triton_gemm.log"
-python3 -m bench.throughput --models qwen3-0.6b --workloads "${WORKLOADS:-C,A,E,B}" \
-  --systems "${SYSTEMS:-auto,auto@noswiglu}" --seconds 3 --rounds "${ROUNDS:-2}" --budget-s "${1:-200}" \
+python3 -m bench.throughput --models qwen3-0.6b --workloads "${WORKLOADS:-C,A,E}" \
+  --systems "${SYSTEMS:-auto,auto@noswiglu,auto@tg=qkv+o+down}" --seconds 3 --rounds "${ROUNDS:-2}" --budget-s "${1:-200}" \
   --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/throughput.log"
