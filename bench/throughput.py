@@ -14,8 +14,7 @@ label ids. For each workload (prompt + N docs of S tokens) and system:
   outside the output and down GEMMs (``DecoderLM.residual_in_gemm``); ``@finorm`` with
   FlashInfer's hidden-state norms instead of Triton's (``DecoderLM.triton_norm``); ``@noswiglu``
   with the MLP's gate/up on cuBLAS and FlashInfer's SiLU-and-mul instead of Triton's one GEMM
-  (``DecoderLM.swiglu_gemm``); ``@tg=qkv+o+down`` (any of the three) with those GEMMs on Triton's
-  ``matmul`` instead of cuBLAS (``DecoderLM.triton_gemms``); ``@nomat`` with
+  (``DecoderLM.swiglu_gemm``); ``@nomat`` with
   long docs' attention paged instead of on FA3 over a gathered copy of their keys; ``@pool`` with a split
   call's passes reusing its prompt's K/V from a pool, never computing it again): batches of at
   most ``--budget`` tokens formed as the server's batcher forms them at saturation
@@ -436,7 +435,6 @@ def engine_for(
     triton_norm: bool = True,
     materialize: bool = True,
     swiglu_gemm: bool = True,
-    triton_gemms: frozenset[str] = frozenset(),
 ) -> Engine:
     """The serving configuration (FlashInfer, CUDA graphs); the torch reference on the CPU (smoke);
     the embedded tokenizer, for the text calls. ``attention``: FlashInfer's prefill kernels
@@ -446,8 +444,7 @@ def engine_for(
     through the paged pool (``FlashInferBackend``'s ``contiguous``); ``qkv_in_place=False``: the
     heads copied out of the QKV GEMM's output (``DecoderLM.qkv_in_place``); ``recompute=False``: a
     split call never computes its prompt again (``EngineConfig.prompt_recompute_share`` 0);
-    ``residual_in_gemm``, ``triton_norm``, ``swiglu_gemm``, ``triton_gemms``: ``DecoderLM``'s settings
-    of those names;
+    ``residual_in_gemm``, ``triton_norm``, ``swiglu_gemm``: ``DecoderLM``'s settings of those names;
     ``materialize=False``: long docs' calls paged, not on FA3 over a copy of their keys
     (``FlashInferBackend``'s ``materialize``)."""
     cuda = device.type == "cuda"
@@ -456,8 +453,6 @@ def engine_for(
     model.residual_in_gemm = model.residual_in_gemm and residual_in_gemm
     model.triton_norm = model.triton_norm and triton_norm
     model.swiglu_gemm = model.swiglu_gemm and swiglu_gemm
-    if cuda:
-        model.triton_gemms = triton_gemms
     mc = model.config
     spec = HeadSpec(mc.num_heads, mc.num_kv_heads, mc.head_dim, torch.bfloat16, device)
     if cuda:
@@ -496,7 +491,7 @@ def main(argv: list[str] | None = None) -> None:
         "--systems",
         default="",
         help="auto, auto@flashinfer, auto@fa3, auto@lt, auto@paged, auto@copyv, auto@noaddmm, auto@finorm,"
-        " auto@noswiglu, auto@tg=qkv+o+down, auto@nomat, auto@pool, a scheme, hf_naive, hf_prefix",
+        " auto@noswiglu, auto@nomat, auto@pool, a scheme, hf_naive, hf_prefix",
     )
     ap.add_argument("--seconds", type=float, default=4.0, help="per system, at saturation")
     ap.add_argument("--cache-systems", default="auto,auto+cache", help="the systems of the repeat workloads")
@@ -601,7 +596,6 @@ def measure(rec: dict, engines: dict, cfg: dict, device, a, w: str, reqs, stream
                     triton_norm=at != "finorm",
                     materialize=at != "nomat",
                     swiglu_gemm=at != "noswiglu",
-                    triton_gemms=frozenset(at.removeprefix("tg=").split("+")) if at.startswith("tg=") else (),
                 )
             )
         if key not in engines:  # the same model and runner, with a pool

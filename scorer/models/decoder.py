@@ -59,7 +59,6 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
         self.one_gemm = one_gemm  # q/k/v as one GEMM and the Triton kernel (after merge_qkv)
         self.in_place = True  # that kernel on the GEMM's output in place (``DecoderLM.qkv_in_place``)
-        self.triton_gemms: frozenset[str] = frozenset()  # ``DecoderLM.triton_gemms``
         self.qkv_proj: tuple[torch.Tensor, torch.Tensor | None] | None = None
         hidden, bias = config.hidden_size, config.attention_bias
         q_size, kv_size = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
@@ -86,10 +85,7 @@ class Attention(nn.Module):
             hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
             w, b = self.qkv_proj
             if isinstance(out, torch.Tensor):
-                if b is None and "qkv" in self.triton_gemms and triton_ops.matmul_supported(x, w):
-                    qkv = triton_ops.matmul(x, w, out)
-                else:
-                    qkv = torch.mm(x, w.t(), out=out) if b is None else torch.addmm(b, x, w.t(), out=out)
+                qkv = torch.mm(x, w.t(), out=out) if b is None else torch.addmm(b, x, w.t(), out=out)
             else:
                 qkv = F.linear(x, w, b)
             if out is None and not self.in_place:
@@ -166,9 +162,8 @@ class DecoderLayer(nn.Module):
         """The second half: output projection, residuals and MLP; ``out`` may alias ``h``. The
         first residual add updates ``h`` in place (the second too with ``residual_in_gemm``)."""
         if self.residual_in_gemm:
-            tg = self.self_attn.triton_gemms
-            _gemm_add_(h, attn_out.reshape(h.shape[0], -1), self.self_attn.o_proj, "o" in tg)
-            _gemm_add_(h, self.mlp.act(self.post_attention_layernorm(h)), self.mlp.down_proj, "down" in tg)
+            _gemm_add_(h, attn_out.reshape(h.shape[0], -1), self.self_attn.o_proj)
+            _gemm_add_(h, self.mlp.act(self.post_attention_layernorm(h)), self.mlp.down_proj)
             return h if out is None or out is h else out.copy_(h)
         o = self.self_attn.o_proj(attn_out.reshape(h.shape[0], -1))
         x = _add_norm(o, h, self.post_attention_layernorm)
@@ -238,22 +233,6 @@ class DecoderLM(nn.Module):
     def qkv_in_place(self, value: bool) -> None:
         for layer in self.model.layers:
             layer.self_attn.in_place = value
-
-    @property
-    def triton_gemms(self) -> frozenset[str]:
-        """Which of the GEMMs ``"qkv"`` (one q/k/v weight), ``"o"`` and ``"down"`` (added into the
-        residual, ``residual_in_gemm``) run on Triton's ``matmul`` instead of cuBLAS (on Hopper;
-        the gate/up GEMM is ``swiglu_gemm``). None by default; settable before graphs are built
-        (benchmarks: ``bench.triton_gemm`` times each against cuBLAS)."""
-        return self.model.layers[0].self_attn.triton_gemms if self.model.layers else frozenset()
-
-    @triton_gemms.setter
-    def triton_gemms(self, names) -> None:
-        names = frozenset(names)
-        if names - {"qkv", "o", "down"}:
-            raise ValueError(f"unknown GEMMs {sorted(names - {'qkv', 'o', 'down'})}; expected qkv, o, down")
-        for layer in self.model.layers:
-            layer.self_attn.triton_gemms = names
 
     @property
     def swiglu_gemm(self) -> bool:
@@ -351,12 +330,8 @@ def _add_norm(x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm) -> torch.T
     return norm(residual, out=x)
 
 
-def _gemm_add_(h: torch.Tensor, x: torch.Tensor, linear: nn.Linear, triton: bool = False) -> None:
-    """``h += linear(x)`` in place, the add in the GEMM's epilogue (cuBLAS's, or with ``triton``
-    Triton's ``matmul`` where it runs)."""
-    if triton and linear.bias is None and triton_ops.matmul_supported(x, linear.weight):
-        triton_ops.matmul(x, linear.weight, h, accumulate=True)
-        return
+def _gemm_add_(h: torch.Tensor, x: torch.Tensor, linear: nn.Linear) -> None:
+    """``h += linear(x)`` in place, the add in the GEMM's epilogue."""
     h.addmm_(x, linear.weight.t())
     if linear.bias is not None:
         h.add_(linear.bias)

@@ -95,14 +95,13 @@ def test_rope_matches_hf_tables(dtype, checkpoint):
 
 
 @pytest.mark.parametrize(
-    "kernels", ["flashinfer", "fused", "fused/noaddmm", "fused/finorm", "fused/noswiglu", "fused/tg"]
+    "kernels", ["flashinfer", "fused", "fused/noaddmm", "fused/finorm", "fused/noswiglu"]
 )
 @torch.inference_mode()
 def test_fused_model_matches_hf_op_order(checkpoint, kernels):
     """ "fused/noaddmm": the residual adds outside the output and down GEMMs (``residual_in_gemm``
     off); "fused/finorm": FlashInfer's hidden-state norms instead of Triton's (``triton_norm``);
-    "fused/noswiglu": gate/up on cuBLAS and FlashInfer's SiLU-and-mul, not Triton's one GEMM;
-    "fused/tg": the q/k/v, output and down GEMMs on Triton's ``matmul`` (``triton_gemms``)."""
+    "fused/noswiglu": gate/up on cuBLAS and FlashInfer's SiLU-and-mul, not Triton's one GEMM."""
     kernels, _, variant = kernels.partition("/")
     config = ModelConfig.from_hf(checkpoint)
     torch.manual_seed(0)
@@ -130,9 +129,6 @@ def test_fused_model_matches_hf_op_order(checkpoint, kernels):
     fused_model.triton_norm = fused_model.triton_norm and variant != "finorm"
     assert fused_model.swiglu_gemm == (kernels == "fused")
     fused_model.swiglu_gemm = fused_model.swiglu_gemm and variant != "noswiglu"
-    assert fused_model.triton_gemms == frozenset()
-    if variant == "tg":
-        fused_model.triton_gemms = {"qkv", "o", "down"}
     got = fused_model.score_logits(fused_model.forward_hidden(ids, pos, attn))
     want_lp, got_lp = want.log_softmax(-1), got.log_softmax(-1)
     assert (got_lp - want_lp).abs().max() < 0.05
