@@ -1,14 +1,12 @@
-"""The layer's GEMMs on Triton (``scorer.models.triton_ops``) against cuBLAS, as the model runs them.
+"""The MLP's first half on Triton (``triton_ops.gate_up_silu``) against cuBLAS, as the model runs it.
 
-For each model and row count, the MLP's first half ``silu(x @ gate.T) * (x @ up.T)``: cuBLAS's
-GEMM into [T, 2I] alone (``cublas gemm``), the same and FlashInfer's SiLU-and-mul (``cublas+silu``,
-the path before ``DecoderLM.swiglu_gemm``), and Triton's ``gate_up_silu`` in each program shape of
-``SWIGLU_CONFIGS`` (the default first); then the other three GEMMs (q/k/v; the output and down
-projections added into the residual) on cuBLAS and on Triton's ``matmul`` in each shape of
-``MATMUL_CONFIGS``. Each is timed inside a CUDA graph of ``--reps`` calls (as the model's graphs
-run them: no host time), median of ``--iters`` replays, in microseconds and as a fraction of the
-same run's 8192^3 bf16 matmul. Each Triton output's largest difference from cuBLAS's (from the
-fp32 product for the MLP) is printed beside it. GPU only.
+For each model and row count, ``silu(x @ gate.T) * (x @ up.T)``: cuBLAS's GEMM into [T, 2I] alone
+(``cublas gemm``), the same and FlashInfer's SiLU-and-mul (``cublas+silu``, the path without
+``DecoderLM.swiglu_gemm``), and Triton's ``gate_up_silu`` in each program shape of
+``SWIGLU_CONFIGS`` (the default first). Each is timed inside a CUDA graph of ``--reps`` calls (as
+the model's graphs run them: no host time), median of ``--iters`` replays, in microseconds and as
+a fraction of the same run's 8192^3 bf16 matmul (useful FLOPs 4 T H I); each output's largest
+error against the fp32 product (``gate_up_silu_reference``) beside it. GPU only.
 
     python -m bench.triton_gemm --out DIR [--models 0.6b,8b] [--rows 800,4100,16128] [--configs default]
 """
@@ -26,26 +24,20 @@ from scorer.models import fused, triton_ops
 from .gemm_shapes import MODELS, matmul_tflops
 from .timing import environment
 
-SWIGLU_CONFIGS = [  # (BLOCK_M, BLOCK_N, BLOCK_K, stages, warps, GROUP_M, persistent)
-    (128, 128, 64, 3, 8, 8, False),
-    (128, 128, 64, 4, 8, 8, False),
-    (128, 128, 64, 3, 8, 8, True),
-    (128, 128, 64, 4, 8, 8, True),
-    (128, 64, 64, 4, 4, 8, False),
-    (128, 64, 64, 5, 4, 8, False),
-    (128, 64, 64, 4, 8, 8, False),
-    (64, 128, 64, 4, 4, 8, False),
-    (128, 128, 128, 2, 8, 8, False),
-    (64, 256, 64, 3, 8, 8, False),
+SWIGLU_CONFIGS = [  # (BLOCK_M, BLOCK_N, BLOCK_K, stages, warps, GROUP_M, persistent, flatten)
+    (128, 128, 64, 3, 8, 8, True, False),
+    (128, 128, 64, 3, 8, 8, False, False),
+    (128, 128, 64, 3, 8, 8, True, True),
+    (128, 128, 64, 3, 8, 4, True, False),
+    (128, 128, 64, 3, 8, 16, True, False),
+    (128, 128, 32, 6, 8, 8, True, False),
+    (128, 128, 64, 4, 8, 8, True, False),
+    (64, 128, 64, 4, 4, 8, True, False),
+    (128, 64, 64, 4, 4, 8, True, False),
 ]
-MATMUL_CONFIGS = [
-    (128, 256, 64, 3, 8, 8, False),
-    (128, 256, 64, 4, 8, 8, False),
-    (128, 256, 64, 3, 8, 8, True),
-    (128, 128, 64, 4, 4, 8, False),
-    (128, 128, 64, 4, 8, 8, False),
-    (256, 128, 64, 3, 8, 8, False),
-]
+"""Session 19's first sweep (bench/data/session19/probe, at commit 959b5fb, also q/k/v, o+res and
+down+res on a plain Triton GEMM: slower than cuBLAS everywhere) put the persistent 128 x 128 x 64
+shape first; these are it and its neighbours."""
 
 
 def graph_us(fn, reps: int, iters: int) -> float:
@@ -84,7 +76,7 @@ def timed(model: str, rows: int, runs: dict, check, flops: int, reps: int, iters
             if err is not None:
                 rec["max_err"] = err
             rec["us"] = graph_us(fn, reps, iters)
-            rec["of_matmul"] = flops[name.split()[0]] / (rec["us"] * 1e-6) / 1e12 / peak
+            rec["of_matmul"] = flops / (rec["us"] * 1e-6) / 1e12 / peak
         except Exception as e:  # noqa: BLE001  (a shape that does not compile is recorded)
             rec["error"] = f"{type(e).__name__}: {e}"[:300]
         print(
@@ -97,9 +89,8 @@ def timed(model: str, rows: int, runs: dict, check, flops: int, reps: int, iters
     return out
 
 
-def measure(model: str, rows: int, configs: tuple, reps: int, iters: int, peak: float) -> list[dict]:
-    swiglu_configs, matmul_configs = configs
-    h, q, kv, i = MODELS[model]
+def measure(model: str, rows: int, configs: list, reps: int, iters: int, peak: float) -> list[dict]:
+    h, _, _, i = MODELS[model]
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(rows, h, device="cuda", dtype=torch.bfloat16, generator=g)
     w = torch.randn(2 * i, h, device="cuda", dtype=torch.bfloat16, generator=g) / h**0.5
@@ -110,38 +101,14 @@ def measure(model: str, rows: int, configs: tuple, reps: int, iters: int, peak: 
         "mlp cublas gemm": lambda: torch.mm(x, w.t(), out=gu),
         "mlp cublas+silu": lambda: act.copy_(fused.silu_and_mul(torch.mm(x, w.t(), out=gu))),
     }
-    for c in swiglu_configs:
+    for c in configs:
         runs["mlp triton " + ",".join(map(str, c))] = lambda c=c: triton_ops.gate_up_silu(x, w, act, config=c)
 
     def mlp_err(name):
         return None if name == "mlp cublas gemm" else (act.float() - ref).abs().max().item()
 
-    flops = {"mlp": 4 * rows * h * i}
+    flops = 4 * rows * h * i
     out = timed(model, rows, runs, mlp_err, flops, reps, iters, peak)
-    # the other three: (name, input width, output width, into the residual)
-    for name, k, n, add in (("qkv", h, q + 2 * kv, False), ("o+res", q, h, True), ("down+res", i, h, True)):
-        a = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16, generator=g)
-        wt = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g) / k**0.5
-        y0 = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16, generator=g)
-        y = y0.clone()
-        want = y0.addmm(a, wt.t()) if add else a @ wt.t()
-
-        def cublas(a=a, wt=wt, y=y, add=add):
-            return y.addmm_(a, wt.t()) if add else torch.mm(a, wt.t(), out=y)
-
-        runs = {f"{name} cublas": cublas}
-        for c in matmul_configs:
-            runs[f"{name} triton " + ",".join(map(str, c))] = lambda c=c, a=a, wt=wt, y=y, add=add: (
-                triton_ops.matmul(a, wt, y, accumulate=add, config=c)
-            )
-
-        def err(label, y=y, y0=y0, want=want, add=add, runs=runs):
-            if add:  # the timing's warm-up accumulated several times: check one call afresh
-                y.copy_(y0)
-                runs[label]()
-            return (y.float() - want.float()).abs().max().item()
-
-        out += timed(model, rows, runs, err, {name: 2 * rows * k * n}, reps, iters, peak)
     return out
 
 
@@ -155,9 +122,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--iters", type=int, default=20)
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
-    configs = (
-        (SWIGLU_CONFIGS, MATMUL_CONFIGS) if a.configs == "all" else (SWIGLU_CONFIGS[:1], MATMUL_CONFIGS[:1])
-    )
+    configs = SWIGLU_CONFIGS if a.configs == "all" else SWIGLU_CONFIGS[:1]
     peak = matmul_tflops(8192)
     result = {**environment(torch.device("cuda")), "matmul_tflops": peak, "records": []}
     print(f"matmul {peak:.0f} TFLOP/s\n| model | rows | variant | us | of matmul | max err |")

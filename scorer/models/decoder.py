@@ -132,7 +132,12 @@ class MLP(nn.Module):
         if self.gate_up is None:
             return F.silu(self.gate_proj(x)) * self.up_proj(x)
         w, b = self.gate_up
-        if self.swiglu_gemm and b is None and triton_ops.gate_up_silu_supported(x, w):
+        if (
+            self.swiglu_gemm
+            and b is None
+            and x.shape[0] >= triton_ops.SWIGLU_MIN_ROWS
+            and triton_ops.gate_up_silu_supported(x, w)
+        ):
             return triton_ops.gate_up_silu(x, w)
         return fused.silu_and_mul(F.linear(x, w, b))
 
@@ -237,8 +242,9 @@ class DecoderLM(nn.Module):
     @property
     def swiglu_gemm(self) -> bool:
         """Does the MLP's gate/up GEMM write ``silu(gate) * up`` itself (Triton's ``gate_up_silu``,
-        on Hopper; else cuBLAS's GEMM into [T, 2I] and FlashInfer's SiLU-and-mul)? The default with
-        ``kernels="fused"``. Settable before graphs are built (benchmarks)."""
+        on Hopper, for passes of at least ``triton_ops.SWIGLU_MIN_ROWS`` rows; else cuBLAS's GEMM
+        into [T, 2I] and FlashInfer's SiLU-and-mul)? The default with ``kernels="fused"``.
+        Settable before graphs are built (benchmarks)."""
         return all(layer.mlp.swiglu_gemm for layer in self.model.layers)
 
     @swiglu_gemm.setter

@@ -334,31 +334,28 @@ def gate_up_silu_reference(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor |
     return y.to(x.dtype) if out is None else out.copy_(y)
 
 
-GemmConfig = tuple[int, int, int, int, int, int, bool]
-"""(BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps, GROUP_M, persistent) of ``_gemm_kernel``."""
+GemmConfig = tuple[int, int, int, int, int, int, bool, bool]
+"""(BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps, GROUP_M, persistent, flatten) of
+``gate_up_silu``; ``flatten``: Triton pipelines a program's tile loop and K loop as one (the next
+tile's loads under this one's epilogue)."""
+
+SWIGLU_MIN_ROWS = 2048
+"""``MLP.act`` runs ``gate_up_silu`` on at least this many rows. On an H200 (bench/RESULTS.md section
+25) it beat cuBLAS's GEMM + FlashInfer's SiLU-and-mul by 20-22% on 4,100 and 16,128 rows of
+Qwen3-0.6B (5-6% on Qwen3-8B) and lost by 9% (3%) on 800."""
 
 
 def gate_up_config(rows: int, hidden: int, inter: int) -> GemmConfig:
     """The default program shape of ``gate_up_silu``: 128 rows by 128 gate and 128 up columns in two
-    warp groups, K in steps of 64 over 3 stages of TMA loads (48 KiB a stage), one program a tile."""
-    return 128, 128, 64, 3, 8, 8, False
-
-
-def matmul_config(rows: int, k: int, n: int) -> GemmConfig:
-    """The default program shape of ``matmul``: 128 x 256 output tiles in two warp groups, K in
-    steps of 64 over 3 stages (48 KiB a stage)."""
-    return 128, 256, 64, 3, 8, 8, False
+    warp groups, K in steps of 64 over 3 stages of TMA loads (48 KiB a stage), one program per SM
+    taking tiles in turn: the best of the shapes ``bench.triton_gemm`` swept on an H200 at 4,100
+    and 16,128 rows of Qwen3-0.6B and -8B (bench/RESULTS.md section 25)."""
+    return 128, 128, 64, 3, 8, 8, True, False
 
 
 def gate_up_silu_supported(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Can ``gate_up_silu`` run ``x`` [T, H] by ``w`` [2N, H] on this device (Hopper's TMA, bf16 or
     fp16, 16-byte aligned rows, N a multiple of 128)?"""
-    return matmul_supported(x, w) and w.shape[0] % 256 == 0
-
-
-def matmul_supported(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """Can ``matmul`` (and the Triton GEMMs here) run ``x`` [T, K] by ``w`` [N, K] on this device
-    (Hopper's TMA, bf16 or fp16, 16-byte aligned rows)?"""
     return (
         triton is not None
         and x.is_cuda
@@ -370,6 +367,7 @@ def matmul_supported(x: torch.Tensor, w: torch.Tensor) -> bool:
         and w.is_contiguous()
         and _tma_rows(x)
         and (x.shape[1] * x.element_size()) % 16 == 0
+        and w.shape[0] % 256 == 0
     )
 
 
@@ -390,56 +388,30 @@ def gate_up_silu(
     ``gate_up_silu_reference``."""
     if not x.is_cuda and not (_INTERPRET and triton is not None):
         return gate_up_silu_reference(x, w, out)
-    n = w.shape[0] // 2
-    if w.shape != (2 * n, x.shape[1]):
-        raise ValueError(f"w must be [2N, {x.shape[1]}], got {tuple(w.shape)}")
-    cfg = config or gate_up_config(*x.shape, n)
-    if n % cfg[1]:
-        raise ValueError(f"N = {n} must be a multiple of BLOCK_N = {cfg[1]}")
-    return _gemm(x, w, n, out, 2, cfg)
-
-
-def matmul(
-    x: torch.Tensor,
-    w: torch.Tensor,
-    out: torch.Tensor | None = None,
-    *,
-    accumulate: bool = False,
-    config: GemmConfig | None = None,
-) -> torch.Tensor:
-    """``x @ w.T`` (``w`` [N, K], as ``nn.Linear`` holds it) in fp32 and rounded once into ``out``
-    [T, N] (new when None); with ``accumulate``, ``out += x @ w.T`` (the sum rounded once, as
-    cuBLAS's ``beta = 1``). On the GPU only (Hopper); measured against cuBLAS in
-    ``bench.triton_gemm``."""
-    if not accumulate and out is None:
-        out = x.new_empty(x.shape[0], w.shape[0])
-    if out is None:
-        raise ValueError("accumulate needs out")
-    return _gemm(x, w, w.shape[0], out, 1 if accumulate else 0, config or matmul_config(*x.shape, w.shape[0]))
-
-
-def _gemm(x: torch.Tensor, w: torch.Tensor, n: int, out, mode: int, config: GemmConfig) -> torch.Tensor:
-    """``_gemm_kernel`` in ``mode`` over ``x`` [T, K] and ``w`` (its first ``n`` rows, and for
-    mode 2 the next ``n``) into ``out`` [T, n] (new when None)."""
     if triton is None:
-        raise RuntimeError("the Triton GEMMs need triton")
+        raise RuntimeError("gate_up_silu on CUDA needs triton")
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    T, K = x.shape
+    T, H = x.shape
+    n = w.shape[0] // 2
+    if w.shape != (2 * n, H):
+        raise ValueError(f"w must be [2N, {H}], got {tuple(w.shape)}")
     out = x.new_empty(T, n) if out is None else out
     if out.shape != (T, n) or out.stride(1) != 1 or not _tma_rows(out):
         raise ValueError(f"out must be [{T}, {n}] with contiguous, 16-byte aligned rows")
     if T == 0:
         return out
-    bm, bn, bk, stages, warps, group, persistent = config
-    tiles = triton.cdiv(T, bm) * triton.cdiv(n, bn)
+    bm, bn, bk, stages, warps, group, persistent, flatten = config or gate_up_config(T, H, n)
+    if n % bn:
+        raise ValueError(f"N = {n} must be a multiple of BLOCK_N = {bn}")
+    tiles = triton.cdiv(T, bm) * (n // bn)
     programs = min(tiles, _num_sms(x.device)) if persistent else tiles
-    _gemm_kernel[(programs,)](
+    _gate_up_silu_kernel[(programs,)](
         TensorDescriptor.from_tensor(x, [bm, bk]),
         TensorDescriptor.from_tensor(w, [bn, bk]),
         TensorDescriptor.from_tensor(out, [bm, bn]),
-        T, n, K,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group, PROGRAMS=programs, MODE=mode,
+        T, n, H,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group, PROGRAMS=programs, FLATTEN=flatten,
         num_stages=stages, num_warps=warps,
     )  # fmt: skip
     return out
@@ -471,36 +443,30 @@ def _num_sms(device: torch.device) -> int:
 if triton is not None:
 
     @triton.jit(do_not_specialize=["M", "PROGRAMS"])
-    def _gemm_kernel(
+    def _gate_up_silu_kernel(
         x_desc, w_desc, y_desc, M, N, K,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-        PROGRAMS, MODE: tl.constexpr,
+        PROGRAMS, FLATTEN: tl.constexpr,
     ):  # fmt: skip
-        """y [M, N] from x [M, K] and w's rows: MODE 0 ``y = x @ w[:N].T``, 1 ``y += x @ w[:N].T``,
-        2 ``y = silu(x @ w[:N].T) * (x @ w[N:2N].T)``, accumulated in fp32 and rounded once. Tiles of
-        [BLOCK_M, BLOCK_N] in grouped order (GROUP_M row blocks share their columns' weights in L2),
-        PROGRAMS programs taking every PROGRAMS-th tile."""
+        """Tiles of [BLOCK_M rows, BLOCK_N columns] of the output in grouped order (GROUP_M row
+        blocks share their columns' weights in L2), PROGRAMS programs taking every PROGRAMS-th
+        tile; per tile two accumulators over K, g (weight rows n..) and u (rows N + n..)."""
         num_m = tl.cdiv(M, BLOCK_M)
-        num_n = tl.cdiv(N, BLOCK_N)
+        num_n = N // BLOCK_N
         per_group = GROUP_M * num_n
-        for tile in tl.range(tl.program_id(0), num_m * num_n, PROGRAMS):
+        for tile in tl.range(tl.program_id(0), num_m * num_n, PROGRAMS, flatten=FLATTEN):
             first_m = (tile // per_group) * GROUP_M
             size_m = min(num_m - first_m, GROUP_M)
             pid_m = first_m + (tile % per_group) % size_m
             pid_n = (tile % per_group) // size_m
             om = pid_m * BLOCK_M
             on = pid_n * BLOCK_N
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            if MODE == 2:
-                up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for kk in range(0, tl.cdiv(K, BLOCK_K)):
                 ok = kk * BLOCK_K
                 a = x_desc.load([om, ok])
-                acc = tl.dot(a, w_desc.load([on, ok]).T, acc)
-                if MODE == 2:
-                    up = tl.dot(a, w_desc.load([N + on, ok]).T, up)
-            if MODE == 2:
-                acc = acc / (1.0 + tl.exp(-acc)) * up
-            if MODE == 1:
-                acc += y_desc.load([om, on]).to(tl.float32)
-            y_desc.store([om, on], acc.to(y_desc.dtype))
+                g = tl.dot(a, w_desc.load([on, ok]).T, g)
+                u = tl.dot(a, w_desc.load([N + on, ok]).T, u)
+            y = g / (1.0 + tl.exp(-g)) * u
+            y_desc.store([om, on], y.to(y_desc.dtype))

@@ -100,6 +100,30 @@ def test_bf16_gpu_scores_match_fp32_cpu(scheme, gpu_scores, cpu_engine):
     assert any(abs(ref[i] - ref[j]) > TOL for i, j in combinations(range(len(ref)), 2))
 
 
+def test_swiglu_gemm_in_the_graphs_scores_as_cublas_and_silu(checkpoint, gpu_scores, cpu_engine, monkeypatch):
+    """Triton's gate/up GEMM (``DecoderLM.swiglu_gemm``) captured in every bucket's graphs (its
+    row threshold lowered to 0: this file's passes are small) against the engine without it (the
+    fixture's, whose passes are all under the threshold) and the CPU's fp32."""
+    from scorer.models import triton_ops
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("gate_up_silu needs Hopper")
+    monkeypatch.setattr(triton_ops, "SWIGLU_MIN_ROWS", 0)
+    calls = []
+    real = triton_ops.gate_up_silu
+    monkeypatch.setattr(triton_ops, "gate_up_silu", lambda *a, **k: calls.append(1) or real(*a, **k))
+    engine = build_engine(checkpoint, "flashinfer", "cuda", torch.bfloat16, EngineConfig())
+    assert engine.runner.model.swiglu_gemm
+    assert engine.runner.capture_graphs() > 0 and calls  # captured into the graphs
+    ref = scores(cpu_engine, "naive")
+    for scheme in ("ragged", "cascade", "multi_item", "auto"):
+        got = scores(engine, scheme)
+        for other, name in ((gpu_scores[scheme], "cuBLAS + SiLU-and-mul"), (ref, "fp32 cpu")):
+            worst = max(abs(a - b) for a, b in zip(got, other, strict=True))
+            assert worst < TOL, f"{scheme}: max |swiglu GEMM - {name}| = {worst:.4f}"
+    assert engine.runner.graphs.stats["graphed_forwards"] > 0
+
+
 def test_schemes_agree_with_each_other_on_gpu(gpu_scores):
     for a, b in combinations(SCHEMES, 2):
         worst = max(abs(x - y) for x, y in zip(gpu_scores[a], gpu_scores[b], strict=True))

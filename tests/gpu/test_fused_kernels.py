@@ -17,7 +17,7 @@ pytest.importorskip("flashinfer")
 from fused_reference import TorchFused  # noqa: E402
 
 from scorer.config import ModelConfig  # noqa: E402
-from scorer.models import fused  # noqa: E402
+from scorer.models import fused, triton_ops  # noqa: E402
 from scorer.models.decoder import DecoderLM  # noqa: E402
 from scorer.models.rope import Rope, RotaryEmbedding  # noqa: E402
 
@@ -98,7 +98,7 @@ def test_rope_matches_hf_tables(dtype, checkpoint):
     "kernels", ["flashinfer", "fused", "fused/noaddmm", "fused/finorm", "fused/noswiglu"]
 )
 @torch.inference_mode()
-def test_fused_model_matches_hf_op_order(checkpoint, kernels):
+def test_fused_model_matches_hf_op_order(checkpoint, kernels, monkeypatch):
     """ "fused/noaddmm": the residual adds outside the output and down GEMMs (``residual_in_gemm``
     off); "fused/finorm": FlashInfer's hidden-state norms instead of Triton's (``triton_norm``);
     "fused/noswiglu": gate/up on cuBLAS and FlashInfer's SiLU-and-mul, not Triton's one GEMM."""
@@ -120,6 +120,10 @@ def test_fused_model_matches_hf_op_order(checkpoint, kernels):
         return o if out is None else out.copy_(o)
 
     want = model.score_logits(model.forward_hidden(ids, pos, attn))
+    monkeypatch.setattr(triton_ops, "SWIGLU_MIN_ROWS", 0)  # the 64 rows here run it too
+    swiglu_calls = []
+    real = triton_ops.gate_up_silu
+    monkeypatch.setattr(triton_ops, "gate_up_silu", lambda *a, **k: swiglu_calls.append(1) or real(*a, **k))
     with torch.device("cuda"):
         fused_model = DecoderLM(config, kernels=kernels).to(torch.bfloat16)
     fused_model.load_state_dict(model.state_dict())
@@ -130,5 +134,7 @@ def test_fused_model_matches_hf_op_order(checkpoint, kernels):
     assert fused_model.swiglu_gemm == (kernels == "fused")
     fused_model.swiglu_gemm = fused_model.swiglu_gemm and variant != "noswiglu"
     got = fused_model.score_logits(fused_model.forward_hidden(ids, pos, attn))
+    hopper = torch.cuda.get_device_capability()[0] >= 9
+    assert bool(swiglu_calls) == (kernels == "fused" and variant != "noswiglu" and hopper)
     want_lp, got_lp = want.log_softmax(-1), got.log_softmax(-1)
     assert (got_lp - want_lp).abs().max() < 0.05
