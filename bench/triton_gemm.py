@@ -3,10 +3,11 @@
 For each model and row count, ``silu(x @ gate.T) * (x @ up.T)``: cuBLAS's GEMM into [T, 2I] alone
 (``cublas gemm``), the same and FlashInfer's SiLU-and-mul (``cublas+silu``, the path without
 ``DecoderLM.swiglu_gemm``), and Triton's ``gate_up_silu`` in each program shape of
-``SWIGLU_CONFIGS`` (the default first). Each is timed inside a CUDA graph of ``--reps`` calls (as
-the model's graphs run them: no host time), median of ``--iters`` replays, in microseconds and as
-a fraction of the same run's 8192^3 bf16 matmul (useful FLOPs 4 T H I); each output's largest
-error against the fp32 product (``gate_up_silu_reference``) beside it. GPU only.
+``SWIGLU_CONFIGS`` (``--configs default``: the model's own, ``gate_up_config``). Each is timed
+inside a CUDA graph of ``--reps`` calls (as the model's graphs run them: no host time), median of
+``--iters`` replays, in microseconds and as a fraction of the same run's 8192^3 bf16 matmul
+(useful FLOPs 4 T H I); each output's largest error against the fp32 product
+(``gate_up_silu_reference``) beside it. GPU only.
 
     python -m bench.triton_gemm --out DIR [--models 0.6b,8b] [--rows 800,4100,16128] [--configs default]
 """
@@ -24,20 +25,20 @@ from scorer.models import fused, triton_ops
 from .gemm_shapes import MODELS, matmul_tflops
 from .timing import environment
 
-SWIGLU_CONFIGS = [  # (BLOCK_M, BLOCK_N, BLOCK_K, stages, warps, GROUP_M, persistent, flatten)
-    (128, 128, 64, 3, 8, 8, True, False),
-    (128, 128, 64, 3, 8, 8, False, False),
-    (128, 128, 64, 3, 8, 8, True, True),
-    (128, 128, 64, 3, 8, 4, True, False),
-    (128, 128, 64, 3, 8, 16, True, False),
-    (128, 128, 32, 6, 8, 8, True, False),
-    (128, 128, 64, 4, 8, 8, True, False),
-    (64, 128, 64, 4, 4, 8, True, False),
-    (128, 64, 64, 4, 4, 8, True, False),
+SWIGLU_CONFIGS = [  # (BLOCK_M, BLOCK_N, BLOCK_K, stages, warps, GROUP_M, persistent, loop)
+    (128, 128, 64, 3, 8, 4, True, ""),
+    (128, 128, 64, 3, 8, 16, True, ""),
+    (128, 128, 64, 3, 8, 8, True, ""),
+    (128, 128, 64, 3, 8, 8, False, ""),
+    (128, 128, 64, 3, 8, 8, True, "ws"),
+    (128, 128, 64, 2, 8, 8, True, "ws"),
+    (64, 128, 64, 2, 4, 8, False, ""),
+    (64, 128, 64, 3, 4, 8, False, ""),
 ]
-"""Session 19's first sweep (bench/data/session19/probe, at commit 959b5fb, also q/k/v, o+res and
-down+res on a plain Triton GEMM: slower than cuBLAS everywhere) put the persistent 128 x 128 x 64
-shape first; these are it and its neighbours."""
+"""Session 19's sweeps (bench/data/session19/probe, at commit 959b5fb, with q/k/v, o+res and down+res
+on a plain Triton GEMM too: slower than cuBLAS everywhere; bench/data/session19/final) put the
+persistent 128 x 128 x 64 shape first; these are it, its GROUP_M neighbours, warp specialisation,
+and 64-row tiles in two stages (two programs an SM, one's epilogue under the other's loads)."""
 
 
 def graph_us(fn, reps: int, iters: int) -> float:
@@ -101,8 +102,9 @@ def measure(model: str, rows: int, configs: list, reps: int, iters: int, peak: f
         "mlp cublas gemm": lambda: torch.mm(x, w.t(), out=gu),
         "mlp cublas+silu": lambda: act.copy_(fused.silu_and_mul(torch.mm(x, w.t(), out=gu))),
     }
-    for c in configs:
-        runs["mlp triton " + ",".join(map(str, c))] = lambda c=c: triton_ops.gate_up_silu(x, w, act, config=c)
+    for c in configs or [triton_ops.gate_up_config(rows, h, i)]:
+        label = "mlp triton " + ",".join(map(str, c)).rstrip(",")
+        runs[label] = lambda c=c: triton_ops.gate_up_silu(x, w, act, config=c)
 
     def mlp_err(name):
         return None if name == "mlp cublas gemm" else (act.float() - ref).abs().max().item()
@@ -117,12 +119,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=Path("out"))
     ap.add_argument("--models", default="0.6b,8b")
     ap.add_argument("--rows", default="800,4100,16128")
-    ap.add_argument("--configs", default="all", help="'all' (CONFIGS) or 'default'")
+    ap.add_argument("--configs", default="all", help="'all' (SWIGLU_CONFIGS) or 'default'")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--iters", type=int, default=20)
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
-    configs = SWIGLU_CONFIGS if a.configs == "all" else SWIGLU_CONFIGS[:1]
+    configs = SWIGLU_CONFIGS if a.configs == "all" else None
     peak = matmul_tflops(8192)
     result = {**environment(torch.device("cuda")), "matmul_tflops": peak, "records": []}
     print(f"matmul {peak:.0f} TFLOP/s\n| model | rows | variant | us | of matmul | max err |")

@@ -334,23 +334,25 @@ def gate_up_silu_reference(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor |
     return y.to(x.dtype) if out is None else out.copy_(y)
 
 
-GemmConfig = tuple[int, int, int, int, int, int, bool, bool]
-"""(BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps, GROUP_M, persistent, flatten) of
-``gate_up_silu``; ``flatten``: Triton pipelines a program's tile loop and K loop as one (the next
-tile's loads under this one's epilogue)."""
+GemmConfig = tuple[int, int, int, int, int, int, bool, str]
+"""(BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps, GROUP_M, persistent, loop) of
+``gate_up_silu``; ``loop`` (a persistent program's tile loop): ``""``, ``"flatten"`` (Triton
+pipelines the tile and K loops as one: the next tile's loads under this one's epilogue) or ``"ws"``
+(Triton's automatic warp specialisation: loads, MMAs and the epilogue in separate warps)."""
 
-SWIGLU_MIN_ROWS = 2048
+SWIGLU_MIN_ROWS = 1536
 """``MLP.act`` runs ``gate_up_silu`` on at least this many rows. On an H200 (bench/RESULTS.md section
-25) it beat cuBLAS's GEMM + FlashInfer's SiLU-and-mul by 20-22% on 4,100 and 16,128 rows of
-Qwen3-0.6B (5-6% on Qwen3-8B) and lost by 9% (3%) on 800."""
+25) it beat cuBLAS's GEMM + FlashInfer's SiLU-and-mul on Qwen3-0.6B by 9% on 1,600 rows and 18-21%
+on 2,400-16,128 (on Qwen3-8B 4-7% on 2,400-16,128), and lost by 11% on 800."""
 
 
 def gate_up_config(rows: int, hidden: int, inter: int) -> GemmConfig:
     """The default program shape of ``gate_up_silu``: 128 rows by 128 gate and 128 up columns in two
     warp groups, K in steps of 64 over 3 stages of TMA loads (48 KiB a stage), one program per SM
-    taking tiles in turn: the best of the shapes ``bench.triton_gemm`` swept on an H200 at 4,100
-    and 16,128 rows of Qwen3-0.6B and -8B (bench/RESULTS.md section 25)."""
-    return 128, 128, 64, 3, 8, 8, True, False
+    taking tiles in turn; row blocks grouped by 4 where the output has at most 32 column tiles
+    (Qwen3-0.6B's 24), else by 16 (Qwen3-8B's 96). The best of the shapes ``bench.triton_gemm``
+    swept on an H200 at 2,400-16,128 rows of both models (bench/RESULTS.md section 25)."""
+    return 128, 128, 64, 3, 8, 4 if inter // 128 <= 32 else 16, True, ""
 
 
 def gate_up_silu_supported(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -401,7 +403,7 @@ def gate_up_silu(
         raise ValueError(f"out must be [{T}, {n}] with contiguous, 16-byte aligned rows")
     if T == 0:
         return out
-    bm, bn, bk, stages, warps, group, persistent, flatten = config or gate_up_config(T, H, n)
+    bm, bn, bk, stages, warps, group, persistent, loop = config or gate_up_config(T, H, n)
     if n % bn:
         raise ValueError(f"N = {n} must be a multiple of BLOCK_N = {bn}")
     tiles = triton.cdiv(T, bm) * (n // bn)
@@ -411,7 +413,8 @@ def gate_up_silu(
         TensorDescriptor.from_tensor(w, [bn, bk]),
         TensorDescriptor.from_tensor(out, [bm, bn]),
         T, n, H,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group, PROGRAMS=programs, FLATTEN=flatten,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group, PROGRAMS=programs,
+        FLATTEN=loop == "flatten", WARP_SPECIALIZE=loop == "ws",
         num_stages=stages, num_warps=warps,
     )  # fmt: skip
     return out
@@ -446,7 +449,7 @@ if triton is not None:
     def _gate_up_silu_kernel(
         x_desc, w_desc, y_desc, M, N, K,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-        PROGRAMS, FLATTEN: tl.constexpr,
+        PROGRAMS, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
     ):  # fmt: skip
         """Tiles of [BLOCK_M rows, BLOCK_N columns] of the output in grouped order (GROUP_M row
         blocks share their columns' weights in L2), PROGRAMS programs taking every PROGRAMS-th
@@ -454,7 +457,9 @@ if triton is not None:
         num_m = tl.cdiv(M, BLOCK_M)
         num_n = N // BLOCK_N
         per_group = GROUP_M * num_n
-        for tile in tl.range(tl.program_id(0), num_m * num_n, PROGRAMS, flatten=FLATTEN):
+        for tile in tl.range(
+            tl.program_id(0), num_m * num_n, PROGRAMS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE
+        ):
             first_m = (tile // per_group) * GROUP_M
             size_m = min(num_m - first_m, GROUP_M)
             pid_m = first_m + (tile % per_group) % size_m
@@ -468,5 +473,7 @@ if triton is not None:
                 a = x_desc.load([om, ok])
                 g = tl.dot(a, w_desc.load([on, ok]).T, g)
                 u = tl.dot(a, w_desc.load([N + on, ok]).T, u)
-            y = g / (1.0 + tl.exp(-g)) * u
+            # silu with the approximate division (2 ulp of fp32, nothing after the bf16 rounding): the
+            # IEEE one is ~15 instructions an element of an epilogue no other work hides
+            y = tl.fdiv(g, 1.0 + tl.exp(-g), ieee_rounding=False) * u
             y_desc.store([om, on], y.to(y_desc.dtype))

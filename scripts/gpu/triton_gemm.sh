@@ -12,4 +12,4 @@ source scripts/gpu/env.sh
 } 2>&1 | grep -v Warning | tee "$OUT/triton_gemm.log"
 tar czf "$OUT/triton_gemm.tgz" -C "$OUT" g06 g8 && rm -r "$OUT/g06" "$OUT/g8"
 GPU_TESTS=0 MODEL_8B="${MODEL_8B:-0}" SYSTEMS="${SYSTEMS:-auto,auto@noswiglu,ragged,cascade,multi_item}" \
-  bash scripts/gpu/final.sh "${1:-230}" "${2:-90}"
+  SYSTEMS_8B="${SYSTEMS_8B:-auto,auto@noswiglu,cascade}" bash scripts/gpu/final.sh "${1:-230}" "${2:-90}"

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from scorer.models.triton_ops import (
+    gate_up_config,
     gate_up_silu,
     gate_up_silu_reference,
     gate_up_silu_supported,
@@ -285,16 +286,27 @@ def test_gate_up_silu_matches_reference(dtype, shape, T):
 @gpu
 @needs_gpu
 def test_gate_up_silu_every_benchmarked_shape():
-    """Each program shape ``bench.triton_gemm`` sweeps computes the same result (any of them may
-    become the default)."""
+    """Each program shape ``bench.triton_gemm`` sweeps that compiles here computes the same result
+    (any of them may become the default; one Triton cannot build cannot)."""
     from bench.triton_gemm import SWIGLU_CONFIGS
 
     x, w = gate_up_inputs(1000, 1024, 3072, torch.bfloat16)
     if not gate_up_silu_supported(x, w):
         pytest.skip("gate_up_silu needs Hopper")
     ref32 = gate_up_silu_reference(x, w, torch.empty(1000, 3072, device="cuda"))
+    from triton.compiler.errors import CompilationError
+    from triton.runtime.errors import OutOfResources
+
+    built = 0
     for config in SWIGLU_CONFIGS:
-        assert_one_rounding(gate_up_silu(x, w, config=config), ref32, GEMM_FLIPS)
+        try:
+            got = gate_up_silu(x, w, config=config)
+        except (CompilationError, OutOfResources):
+            continue
+        assert_one_rounding(got, ref32, GEMM_FLIPS)
+        built += 1
+    assert built >= 1
+    assert {gate_up_config(1000, 1024, 3072), gate_up_config(1000, 4096, 12288)} <= set(SWIGLU_CONFIGS)
 
 
 @gpu
