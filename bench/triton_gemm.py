@@ -35,7 +35,7 @@ SWIGLU_CONFIGS = [  # (BLOCK_M, BLOCK_N, BLOCK_K, stages, warps, GROUP_M, persis
     (64, 128, 64, 2, 4, 8, False, ""),
     (64, 128, 64, 3, 4, 8, False, ""),
 ]
-"""Session 19's sweeps (bench/data/session19/probe, at commit 959b5fb, with q/k/v, o+res and down+res
+"""Session 19's sweeps (bench/data/session19/probe, at commit 806e20a, with q/k/v, o+res and down+res
 on a plain Triton GEMM too: slower than cuBLAS everywhere; bench/data/session19/final) put the
 persistent 128 x 128 x 64 shape first; these are it, its GROUP_M neighbours, warp specialisation,
 and 64-row tiles in two stages (two programs an SM, one's epilogue under the other's loads)."""
