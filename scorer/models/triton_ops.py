@@ -1,5 +1,6 @@
-"""One Triton kernel from the fused QKV GEMM's output to attention's inputs: per-head q/k RMSNorm
-(Qwen3; none for Llama), non-interleaved RoPE and the v copy, in one pass over the bytes.
+"""The fused GPU path's Triton kernels. ``qk_norm_rope`` goes from the fused QKV GEMM's output to
+attention's inputs: per-head q/k RMSNorm (Qwen3; none for Llama), non-interleaved RoPE and the v
+copy, in one pass over the bytes.
 
 FlashInfer's ``rmsnorm`` is shaped for a few long rows; Qwen3's per-head norm is many short ones
 (16 q heads of a 16k-token batch are 256k rows of 128), where it runs at a tenth of the memory
@@ -10,13 +11,18 @@ norm and the rotation in fp32 and rounds once (FlashInfer's pair rounds between 
 On an H200, Qwen3-0.6B heads, 16k tokens, bf16: 76 us with the v copy (83% of the bandwidth
 floor) against 558 us for FlashInfer's two norms, RoPE and the copy (``bench/qk_norm_rope.py``).
 
+``gate_up_silu`` is the MLP's gate/up GEMM writing ``silu(g) * u`` from its two fp32 accumulators
+(a persistent TMA kernel, Hopper): no [T, 2I] intermediate and no SiLU-and-mul kernel, 18-21%
+faster than cuBLAS's GEMM and FlashInfer's ``silu_and_mul`` on 2,400-16,128 rows of Qwen3-0.6B.
+
 ``rms_norm`` is the layers' RMSNorm over hidden rows (1,024 wide on Qwen3-0.6B) with several rows
 to a program: FlashInfer's ``RMSNorm`` kernel gives each row a block of its own and ran at ~64% of
 the memory bandwidth on a 20k-row batch (bench/RESULTS.md section 23).
 
-Triton is imported only if it is installed (the CPU CI has none); the kernel runs on CUDA tensors.
-With ``q_out``/``k_out``/``v_out`` given it allocates nothing and never synchronises with the
-host, so it can be captured into a CUDA graph (after a first, compiling call outside capture).
+Triton is imported only if it is installed (the CPU CI has none); the kernels run on CUDA tensors.
+Given their outputs (``q_out``/``k_out``/``v_out``, ``out``) they allocate nothing and never
+synchronise with the host, so they can be captured into a CUDA graph (after a first, compiling call
+outside capture).
 """
 
 from __future__ import annotations
@@ -343,15 +349,16 @@ pipelines the tile and K loops as one: the next tile's loads under this one's ep
 SWIGLU_MIN_ROWS = 1536
 """``MLP.act`` runs ``gate_up_silu`` on at least this many rows. On an H200 (bench/RESULTS.md section
 25) it beat cuBLAS's GEMM + FlashInfer's SiLU-and-mul on Qwen3-0.6B by 9% on 1,600 rows and 18-21%
-on 2,400-16,128 (on Qwen3-8B 4-7% on 2,400-16,128), and lost by 11% on 800."""
+on 2,400-16,128 (on Qwen3-8B by 5-8% on 2,400-16,128), and lost by 11% on 800."""
 
 
 def gate_up_config(rows: int, hidden: int, inter: int) -> GemmConfig:
     """The default program shape of ``gate_up_silu``: 128 rows by 128 gate and 128 up columns in two
     warp groups, K in steps of 64 over 3 stages of TMA loads (48 KiB a stage), one program per SM
-    taking tiles in turn; row blocks grouped by 4 where the output has at most 32 column tiles
-    (Qwen3-0.6B's 24), else by 16 (Qwen3-8B's 96). The best of the shapes ``bench.triton_gemm``
-    swept on an H200 at 2,400-16,128 rows of both models (bench/RESULTS.md section 25)."""
+    taking tiles in turn: the best of the shapes ``bench.triton_gemm`` swept on an H200 at
+    2,400-16,128 rows of both models (bench/RESULTS.md section 25). Row blocks are grouped by 16
+    where the output has more than 32 column tiles (Qwen3-8B's 96: 0.5-3% faster than by 4 or 8
+    in two sweeps), else by 4 (Qwen3-0.6B's 24: by 4, 8 and 16 within 2%, in either order)."""
     return 128, 128, 64, 3, 8, 4 if inter // 128 <= 32 else 16, True, ""
 
 
