@@ -114,6 +114,7 @@ def test_kernel_profile_sorts_kernels_into_families_and_times_a_batch(tmp_path, 
         ),
         "nvjet_sm90_tst_192x192_64x4_2x1_v_bz_coopB_TNN": "gemm",
         "_qk_norm_rope_kernel": "qk_norm_rope",
+        "_gate_up_silu_kernel": "gate_up_silu",  # not silu_and_mul's family: it is the GEMM too
         "void flashinfer::norm::FusedAddRMSNormKernel<8u, __nv_bfloat16>": "add_rmsnorm",
         "void flashinfer::norm::RMSNormKernel<8u, __nv_bfloat16>": "rmsnorm",
         "void flashinfer::activation::act_and_mul_kernel<__nv_bfloat16, &(silu(float const&))>": (
