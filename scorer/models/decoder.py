@@ -7,7 +7,8 @@ and ``layer_finish``), so that a graph runner can replay everything but attentio
 The elementwise kernels are chosen when the model is built: ``kernels="torch"`` (HF's op order and
 rounding), ``"flashinfer"`` (FlashInfer's fused norm, RoPE and SiLU-and-mul, ``fused.py``, with
 gate and up as one GEMM) or ``"fused"`` (those, and q/k/v as one GEMM whose output one Triton
-kernel turns into attention's inputs: per-head q/k norm, RoPE and the v copy, ``triton_ops.py``);
+kernel turns into attention's inputs: per-head q/k norm, RoPE and the v copy, and on Hopper the
+gate/up GEMM writing ``silu(g) * u`` itself, ``triton_ops.py``);
 ``finalize`` prepares the weights for them once they are assigned.
 """
 
@@ -190,7 +191,8 @@ class DecoderLM(nn.Module):
     """``kernels``: the elementwise kernels, ``torch``, ``flashinfer`` (CUDA, fp16/bf16: RMSNorm,
     RoPE from an fp32 cos|sin cache, SiLU-and-mul, gate/up as one GEMM and the residual adds in the
     output and down GEMMs, ``residual_in_gemm``) or ``fused`` (``flashinfer``, with q/k/v as one
-    GEMM and Triton's q/k norm + RoPE kernel). Call ``finalize`` once the weights are assigned."""
+    GEMM and Triton's q/k norm + RoPE kernel, hidden-state norms and gate/up + SiLU GEMM). Call
+    ``finalize`` once the weights are assigned."""
 
     def __init__(self, config: ModelConfig, kernels: str = "torch") -> None:
         super().__init__()
