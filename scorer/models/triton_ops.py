@@ -13,7 +13,7 @@ floor) against 558 us for FlashInfer's two norms, RoPE and the copy (``bench/qk_
 
 ``gate_up_silu`` is the MLP's gate/up GEMM writing ``silu(g) * u`` from its two fp32 accumulators
 (a persistent TMA kernel, Hopper): no [T, 2I] intermediate and no SiLU-and-mul kernel, 18-21%
-faster than cuBLAS's GEMM and FlashInfer's ``silu_and_mul`` on 2,400-16,128 rows of Qwen3-0.6B.
+less time than cuBLAS's GEMM and FlashInfer's ``silu_and_mul`` on 2,400-16,128 rows of Qwen3-0.6B.
 
 ``rms_norm`` is the layers' RMSNorm over hidden rows (1,024 wide on Qwen3-0.6B) with several rows
 to a program: FlashInfer's ``RMSNorm`` kernel gives each row a block of its own and ran at ~64% of
@@ -348,8 +348,8 @@ pipelines the tile and K loops as one: the next tile's loads under this one's ep
 
 SWIGLU_MIN_ROWS = 1536
 """``MLP.act`` runs ``gate_up_silu`` on at least this many rows. On an H200 (bench/RESULTS.md section
-25) it beat cuBLAS's GEMM + FlashInfer's SiLU-and-mul on Qwen3-0.6B by 9% on 1,600 rows and 18-21%
-on 2,400-16,128 (on Qwen3-8B by 5-8% on 2,400-16,128), and lost by 11% on 800."""
+25) it took 9% less time than cuBLAS's GEMM + FlashInfer's SiLU-and-mul on 1,600 rows of Qwen3-0.6B
+and 18-21% less on 2,400-16,128 (5-8% less on Qwen3-8B's 2,400-16,128), and 11% more on 800."""
 
 
 def gate_up_config(rows: int, hidden: int, inter: int) -> GemmConfig:
