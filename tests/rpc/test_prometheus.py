@@ -8,6 +8,7 @@ by the dashboard's ``job`` variable."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import shutil
@@ -141,9 +142,22 @@ def test_prometheus_scrapes_every_deployment_and_every_panel_has_data(server, ra
             if reply["data"]["result"]:
                 empty.discard(key)
     assert not empty, sorted(empty)
+    deadline = time.monotonic() + 40
     for job in JOBS:
-        p50 = query(prometheus, queries[(job, exprs[0])].replace("[1m]", "[5m]"))["data"]["result"]
-        assert {r["metric"]["scheme"] for r in p50} >= set(SCHEMES), job
-        for r in p50:  # the shared server also holds idle series of other tests' schemes: NaN there
-            if r["metric"]["scheme"] in SCHEMES:
-                assert 0 < float(r["value"][1]) < 30, (job, r)
+        expr = queries[(job, exprs[0])].replace("[1m]", "[5m]")
+        while True:  # the shared server also holds idle series of other tests' schemes: NaN there
+            p50 = {
+                r["metric"]["scheme"]: float(r["value"][1])
+                for r in query(prometheus, expr)["data"]["result"]
+                if r["metric"]["scheme"] in SCHEMES
+            }
+            if (set(p50) >= set(SCHEMES) and not any(math.isnan(v) for v in p50.values())) or (
+                time.monotonic() > deadline
+            ):
+                break
+            # a scheme whose calls on one front end all fell before its series' first scrape has
+            # no rate there yet (NaN): more traffic gives it one (CI, session 19: once in three)
+            traffic()
+            time.sleep(1.5)
+        assert set(p50) >= set(SCHEMES), (job, p50)
+        assert all(0 < v < 30 for v in p50.values()), (job, p50)
