@@ -30,6 +30,8 @@ from pathlib import Path
 
 import torch
 
+from .timing import time_ms
+
 SHAPES = {  # name: (prompt tokens, docs, doc tokens, calls in a batch)
     "B": (2000, 100, 100, 1),
     "C": (100, 50, 400, 1),
@@ -175,20 +177,6 @@ def variants(lay: Layer, heads: tuple[int, int], backend: str, ws: list[torch.Te
         "shared level/paged": shared_paged,
         "shared level/contiguous": shared_contiguous,
     }
-
-
-def time_ms(fn, iters: int) -> float:
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return sorted(times)[len(times) // 2]
 
 
 def measure(model: str, name: str, iters: int, ws: list[torch.Tensor]) -> list[dict]:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from .attention_layouts import time_ms
+from .timing import time_ms
 
 MODELS = {"0.6b": (1024, 2048, 1024, 3072), "8b": (4096, 4096, 1024, 12288)}  # h, q, kv, mlp width
 

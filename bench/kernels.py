@@ -30,7 +30,7 @@ from scorer.attention.flashinfer import FlashInferBackend
 from scorer.planning import REGISTRY, Plan, Shape, article_choice, check_plan, get
 
 from .paging import to_pages
-from .timing import environment, time_gpu, time_host, write_json
+from .timing import capture_graph, environment, time_gpu, time_host, write_json
 
 SCHEMES = tuple(n for n, s in REGISTRY.items() if not s.grouped)
 
@@ -152,14 +152,7 @@ class Runner:
 
     def _graph_timing(self, run, article: bool, cap: float | None) -> dict:
         try:
-            side = torch.cuda.Stream(self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):
-                run()
-            torch.cuda.current_stream(self.device).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                run()
+            graph = capture_graph(run, self.device)
             return time_gpu(graph.replay, self.device, 10, 100, None if article else cap).as_dict()
         except Exception as e:  # noqa: BLE001  (recorded: graphs are an experiment)
             return {"error": f"{type(e).__name__}: {e}"[:300]}

@@ -78,6 +78,38 @@ def time_gpu(
     return _summary([s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)])
 
 
+def time_ms(fn: Callable[[], object], iters: int) -> float:
+    """Median device time (ms) of ``fn`` alone on the current CUDA device: each of ``iters`` runs
+    (after 5 untimed) bracketed by events and waited for before the next is launched."""
+    for _ in range(5):
+        fn()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return sorted(times)[len(times) // 2]
+
+
+def capture_graph(fn: Callable[[], object], device: torch.device, warmup: int = 1, reps: int = 1):
+    """A CUDA graph of ``reps`` calls of ``fn``, after ``warmup`` calls on a side stream (cuBLAS
+    handles, Triton's compile, lazy allocations happen outside the capture)."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    return graph
+
+
 def time_host(fn: Callable[[], object], device: torch.device, iters: int = 5) -> float:
     """Median wall time (ms) of ``fn`` including a device synchronisation after each run."""
     times = []

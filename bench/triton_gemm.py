@@ -23,7 +23,7 @@ import torch
 from scorer.models import fused, triton_ops
 
 from .gemm_shapes import MODELS, matmul_tflops
-from .timing import environment
+from .timing import capture_graph, environment, time_ms
 
 SWIGLU_CONFIGS = [  # (BLOCK_M, BLOCK_N, BLOCK_K, stages, warps, GROUP_M, persistent, loop)
     (128, 128, 64, 3, 8, 4, True, ""),
@@ -43,26 +43,8 @@ and 64-row tiles in two stages (two programs an SM, one's epilogue under the oth
 
 def graph_us(fn, reps: int, iters: int) -> float:
     """Median microseconds of one ``fn()`` over ``iters`` replays of a graph of ``reps`` calls."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    g.replay()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / reps)
-    return sorted(times)[len(times) // 2]
+    graph = capture_graph(fn, torch.device("cuda"), warmup=3, reps=reps)
+    return time_ms(graph.replay, iters) * 1e3 / reps
 
 
 def timed(model: str, rows: int, runs: dict, check, flops: int, reps: int, iters: int, peak: float) -> list:
@@ -109,9 +91,7 @@ def measure(model: str, rows: int, configs: list, reps: int, iters: int, peak: f
     def mlp_err(name):
         return None if name == "mlp cublas gemm" else (act.float() - ref).abs().max().item()
 
-    flops = 4 * rows * h * i
-    out = timed(model, rows, runs, mlp_err, flops, reps, iters, peak)
-    return out
+    return timed(model, rows, runs, mlp_err, 4 * rows * h * i, reps, iters, peak)
 
 
 def main(argv: list[str] | None = None) -> None:
