@@ -7,7 +7,9 @@
 Saturation is a sweep's highest achieved docs/s (it stops at its first saturated rate); served /
 engine is that against the engine's docs/s on the same workload (OUT/engine.json, the same run).
 The records are issue 11's: ``served_docs_s``, ``served_p50_ms_10`` (p50 at 10% of saturation) and
-``served_p99_ms_80`` (p99 at 80%), one per workload and front-end count.
+``served_p99_ms_80`` (p99 at 80%), one per workload and front-end count; ``floor_p50_ms_10`` is
+the p50 of a bare gRPC server (no scorer code) under the same load tool at that 10% rate, where
+served.sh ran one (``OUT/floor/W``).
 """
 
 from __future__ import annotations
@@ -40,9 +42,9 @@ def summary(out: Path, configs: list[str]) -> int:
     records, lines = [], []
     lines.append(
         "| workload | server | engine docs/s | served docs/s | served / engine | p50 @10% ms |"
-        " p99 @80% ms | engine idle p50 ms (20 ms apart) | lag p99 ms @80% |"
+        " p99 @80% ms | engine idle p50 ms (20 ms apart) | bare gRPC p50 @10% ms | lag p99 ms @80% |"
     )
-    lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for config in configs:
         fe = config.removeprefix("fe").split("-")[0]
         for d in sorted((out / config).iterdir()):
@@ -50,6 +52,8 @@ def summary(out: Path, configs: list[str]) -> int:
             sweep = load_report(d / "sweep")
             top, low, high = top_run(sweep), _first_run(d / "at-0.1"), _first_run(d / "at-0.8")
             ref = engine.get(w, {})
+            floor = out / "floor" / w / "at-0.1"
+            floor_p50 = _ms(_first_run(floor)["latency_seconds"]["p50"]) if floor.exists() else None
             rec = {
                 "workload": w,
                 "system": f"served-{config}",
@@ -61,6 +65,7 @@ def summary(out: Path, configs: list[str]) -> int:
                 "served_saturated": any(r["saturation"]["saturated"] for r in sweep["runs"]),
                 "served_p50_ms_10": _ms(low["latency_seconds"]["p50"]),
                 "served_p99_ms_80": _ms(high["latency_seconds"]["p99"]),
+                "floor_p50_ms_10": floor_p50,
                 "lag_p99_ms_80": _ms(high["generator"]["lag_seconds"]["p99"]),
                 "failed_80": high["failed"],
             }
@@ -72,7 +77,7 @@ def summary(out: Path, configs: list[str]) -> int:
                 f"| {w} | {config} | {rec['engine_docs_s']} | {rec['served_docs_s']}"
                 f"{'' if rec['served_saturated'] else ' (not saturated)'} | {rec['served_over_engine']} |"
                 f" {rec['served_p50_ms_10']} | {rec['served_p99_ms_80']} | {_r(rec['engine_idle_p50_ms'])}"
-                f" ({_r(rec['engine_idle_spaced_p50_ms'])}) |"
+                f" ({_r(rec['engine_idle_spaced_p50_ms'])}) | {_r(floor_p50)} |"
                 f" {rec['lag_p99_ms_80']} |"
             )
     by = {(r["system"], r["workload"]): r for r in records}

@@ -15,7 +15,10 @@
 #   server also on --http-port 8080, and A-text's calls sent to it as Cohere /v2/rerank too:
 #   workload "A-text-cohere", issue 13's HTTP against gRPC on the same calls), SWEEP (rates of every
 #   workload's sweep instead of its own; RATES_A, RATES_E, RATES_A_text: one workload's), ENGINE=0 (no engine run: served.json without the reference),
-#   SERVE_ARGS (more flags for every server, e.g. "--prefix-cache-mib 0")
+#   SERVE_ARGS (more flags for every server, e.g. "--prefix-cache-mib 0"), FLOOR=0 (no floor run: by default
+#   a bare ScoreDocs server, bench.grpc_floor's, which answers at once with no scorer code, takes the load
+#   tool's calls at 10% of the first configuration's saturation on each token-id workload: the p50 of
+#   gRPC's two stacks and the hosts' wake-ups alone, the floor under "p50 @10%")
 #   -> $OUT/served.json, served.md, engine.json, light_load.json, reports.tgz, server-*.log
 set -euo pipefail
 source scripts/gpu/env.sh
@@ -54,12 +57,12 @@ for w in "${!RATES[@]}"; do  # RATES_A, RATES_E, RATES_A_text: one workload's sw
 done
 
 pack() {  # the device returns a handful of files: the load tool's reports travel as one archive
-  (cd "$OUT" && shopt -s nullglob && dirs=(fe*/) && [ ${#dirs[@]} -gt 0 ] && tar czf reports.tgz "${dirs[@]}") || true
+  (cd "$OUT" && shopt -s nullglob && dirs=(fe*/ floor/) && [ ${#dirs[@]} -gt 0 ] && tar czf reports.tgz "${dirs[@]}") || true
 }
 finish() {
   [ -n "${pid:-}" ] && kill "$pid" 2>/dev/null || true
   pack
-  cd "$OUT" && rm -rf fe*/
+  cd "$OUT" && rm -rf fe*/ floor/
 }
 trap finish EXIT
 series=$WORKLOADS
@@ -116,4 +119,18 @@ for cfg in $FRONTENDS; do
   kill -TERM $pid && wait $pid || echo "server exit code $?" >&2
   pid=
 done
+if [ "${FLOOR:-1}" = 1 ]; then
+  taskset -c 4-15 python3 -c 'from bench.grpc_floor import serve; serve("aio", 50061)' >/dev/null 2>&1 &
+  pid=$!
+  python3 -c "import grpc; grpc.channel_ready_future(grpc.insecure_channel('127.0.0.1:50061')).result(timeout=60)"
+  for w in $WORKLOADS; do
+    [ "$w" = A-text ] && continue  # the bare server tokenizes nothing: token-id calls only
+    rate=$(python3 scripts/gpu/served.py share "$OUT/${names[0]}/$w/sweep" 0.1)
+    echo "== floor: a bare gRPC server, $w at $rate calls/s"
+    taskset -c 0-3 python3 -m loadtest.run --target 127.0.0.1:50061 --requests "/tmp/$w.jsonl" --rate "$rate" \
+      --duration 5 "${COMMON[@]:0:${#COMMON[@]}-2}" --out "$OUT/floor/$w/at-0.1" 2>&1 | grep -v '^report:' || true
+  done
+  kill "$pid" && wait "$pid" 2>/dev/null || true
+  pid=
+fi
 python3 scripts/gpu/served.py summary "$OUT" "${names[@]}" | tee "$OUT/served.md" || true
