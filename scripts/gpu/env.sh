@@ -15,11 +15,12 @@ use_wheels() {  # the wheels of .wheels/ (scripts/gpu/wheels.sh; carry .wheels) 
   export PYTHONPATH="/tmp/wheels:$PYTHONPATH" PATH="/tmp/wheels/bin:$PATH"
 }
 
-pyspy_top() {  # PID SECONDS [ROWS]: py-spy on PID's threads and subprocesses -> $OUT/pyspy-top.txt
+pyspy_top() {  # PID SECONDS [ROWS]: py-spy on PID's own threads -> $OUT/pyspy-top.txt (not --subprocesses:
+  # with it sessions 10 and 17 got 6 samples; served.sh passes the engine process); --idle: waits count
   # (self and total time by function, scripts/gpu/pyspy_top.py, from raw collapsed stacks)
-  py-spy record --pid "$1" --subprocesses --threads --nonblocking --duration "$2" --rate 200 --format raw \
+  py-spy record --pid "$1" --threads --idle --nonblocking --duration "$2" --rate 200 --format raw \
     --output /tmp/pyspy.txt >/dev/null 2>/tmp/pyspy.err || { echo "py-spy failed:" >&2; cat /tmp/pyspy.err >&2; }
   grep -h "Samples:" /tmp/pyspy.err >&2 || true  # py-spy's own count (and errors): an idle target shows here
-  cp /tmp/pyspy.err "$OUT/pyspy.err" || true  # all of it: sessions 10 and 17 got 6 samples, not diagnosed
+  cp /tmp/pyspy.err "$OUT/pyspy.err" || true
   python3 scripts/gpu/pyspy_top.py /tmp/pyspy.txt "${3:-40}" >"$OUT/pyspy-top.txt" || true
 }

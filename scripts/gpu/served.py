@@ -58,7 +58,7 @@ def summary(out: Path, configs: list[str]) -> int:
                 "workload": w,
                 "system": f"served-{config}",
                 "frontends": int(fe),
-                "engine_docs_s": ref.get("docs_s"),
+                "engine_docs_s": ref.get("docs_s") and round(ref["docs_s"], 1),
                 "engine_idle_p50_ms": ref.get("idle_p50_ms"),
                 "engine_idle_spaced_p50_ms": ref.get("idle_spaced_p50_ms"),
                 "served_docs_s": round(top["achieved_docs_per_s"], 1),

@@ -10,7 +10,8 @@
 #      template plain, A-text as the load tool's text calls with the reranker template), then 10%
 #      and 80% of each sweep's saturation for p50 and p99.
 #   bash scripts/gpu/served.sh      device: carry [".gpu", ".wheels"]
-#   env: GPU_TESTS=1 (scripts/gpu/test.sh first), FRONTENDS, WORKLOADS (default "A E A-text"), STEP (seconds per rate, default 5), PROFILE=1
+#   env: GPU_TESTS=1 (scripts/gpu/test.sh first), FRONTENDS, WORKLOADS (default "A E A-text"), REQUESTS (calls
+#   in each workload's file, default 4000: the load tool cycles through it, so prompts repeat), STEP (seconds per rate, default 5), PROFILE=1
 #   (py-spy on the last configuration's server at 90% of PROFILE_W's saturation, default A: pyspy-top.txt), HTTP=1 (the
 #   server also on --http-port 8080, and A-text's calls sent to it as Cohere /v2/rerank too:
 #   workload "A-text-cohere", issue 13's HTTP against gRPC on the same calls), SWEEP (rates of every
@@ -38,7 +39,7 @@ declare -A GEN=([A]="--docs 10 --prompt-tokens 300 --doc-tokens fixed:50 --token
   [A-text]="--docs 10 --prompt-tokens 300 --doc-tokens fixed:50")
 for w in $WORKLOADS; do
   # shellcheck disable=SC2086
-  python3 -m loadtest.gen --out "/tmp/$w.jsonl" --requests 4000 --seed 1 ${GEN[$w]} >/dev/null
+  python3 -m loadtest.gen --out "/tmp/$w.jsonl" --requests "${REQUESTS:-4000}" --seed 1 ${GEN[$w]} >/dev/null
 done
 cache_w=$(echo "$WORKLOADS" | tr ' ' '\n' | grep -x A-text || true)
 plain_w=$(echo "$WORKLOADS" | tr ' ' '\n' | grep -vx A-text | paste -sd, || true)
@@ -57,7 +58,7 @@ for w in "${!RATES[@]}"; do  # RATES_A, RATES_E, RATES_A_text: one workload's sw
 done
 
 pack() {  # the device returns a handful of files: the load tool's reports travel as one archive
-  (cd "$OUT" && shopt -s nullglob && dirs=(fe*/ floor/) && [ ${#dirs[@]} -gt 0 ] && tar czf reports.tgz "${dirs[@]}") || true
+  (cd "$OUT" && shopt -s nullglob && dirs=(fe*/ floor*/) && [ ${#dirs[@]} -gt 0 ] && tar czf reports.tgz "${dirs[@]}") || true
 }
 finish() {
   [ -n "${pid:-}" ] && kill "$pid" 2>/dev/null || true
@@ -101,6 +102,8 @@ for cfg in $FRONTENDS; do
       taskset -c 0-3 python3 -m loadtest.run "${target[@]}" --requests "$reqs" \
         --rate "$rate" --duration 5 "${COMMON[@]}" --out "$d/at-$share" 2>&1 | grep -v '^report:' || true
     done
+    python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())' \
+      http://127.0.0.1:9464/metrics >"$d/metrics.txt" 2>/dev/null || true  # the server's own counts: batch sizes, stages
     pack
   done
   # a call's time by stage at light load, one at a time (bench.light_load): where p50 at 10% goes
