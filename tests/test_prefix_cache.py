@@ -315,12 +315,19 @@ def test_graph_segments_write_the_pool_themselves(off, monkeypatch):
     monkeypatch.setattr(kvpool.CachePool, "write", lambda pool, *a: copies.append(1) or write(pool, *a))
     rng = random.Random(7)
     context = [rng.randrange(VOCAB) for _ in range(20)]
+    # a pass off the pool writes nothing to it (its graphs used to send its K/V to the spare slots)
+    cache.k.zero_(), cache.v.zero_()
+    r = request(context, [[rng.randrange(VOCAB) for _ in range(4)]] * 3, "ragged", prefix_cache="off")
+    assert_close(on.score(r), off.score(r))
+    assert runner.graphs.stats["graphed_forwards"] == 1
+    assert not cache.k.any() and not cache.v.any()
+    assert not runner.graphs.stats["pool_written_forwards"]
     for scheme in SCHEMES:
         for own in (2, 8):
             prompt = context + [rng.randrange(VOCAB) for _ in range(own)]
             r = request(prompt, [[rng.randrange(VOCAB) for _ in range(n)] for n in (3, 5, 7)], scheme)
             assert_close(on.score(r), off.score(r))
-    assert cache.stats["hit_tokens"] > 0 and not copies
+    assert cache.stats["hit_tokens"] > 0 and not copies and runner.graphs.stats["pool_written_forwards"] > 0
     big = request(context, [[rng.randrange(VOCAB) for _ in range(60)] for _ in range(3)], "ragged")
     assert_close(on.score(big), off.score(big))
     assert copies and runner.graphs.stats["eager_forwards"] > 0

@@ -9,11 +9,13 @@ piecewise graphs do, the forward is cut at the attention calls: segment ``i`` is
 RoPE), captured once per token-count bucket; the planned attention runs eagerly between them.
 A forward is then ``L + 1`` graph replays and ``L`` attention calls.
 
-With the prefix cache's pool attached (``attach_pool``), segment ``i`` also writes layer ``i``'s
-K/V to the pool at the slots of a static buffer (each pass's ``slots``; the padding rows and a
-pass off the pool to the pool's spare slots, spread so that no address takes thousands of
-stores): a pass on the pool then launches no copies of its own (two per layer, ~0.8 ms of host
-time in a 28-layer forward of one call).
+With the prefix cache's pool attached (``attach_pool``), each bucket also has one small graph a
+layer that writes that layer's K/V to the pool at the slots of a static buffer (the pass's
+``slots``; its padding rows to the pool's spare slots, spread so that no address takes thousands
+of stores), replayed after segment ``i`` by a pass on the pool only: such a pass launches no
+copies of its own (two per layer, ~0.8 ms of host time in a 28-layer forward of one call), and a
+pass off the pool writes nothing (session 20: segments that wrote every pass's K/V, to the spare
+slots when off the pool, cost E's batches 7-8% of the engine's docs/s with the cache on).
 
 Inputs and outputs of the segments live in buffers allocated once for the largest bucket; a
 request of ``T`` tokens runs in the smallest bucket ``>= T`` and its rows ``T..bucket`` are
@@ -29,6 +31,7 @@ import time
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable
+from functools import partial
 
 import torch
 
@@ -100,6 +103,7 @@ class GraphedDecoder:
             self.cos = torch.zeros(n, 1, mc.head_dim, dtype=dt, device=dev)
             self.sin = torch.zeros_like(self.cos)
         self._segments: dict[int, list[Callable[[], None]]] = {}
+        self._writes: dict[int, list[Callable[[], None]]] = {}  # a bucket's pool writes, one a layer
         self.pool: tuple[torch.Tensor, torch.Tensor] | None = None
         self.slots: torch.Tensor | None = None
         self.spare: torch.Tensor | None = None
@@ -146,25 +150,27 @@ class GraphedDecoder:
         m.layer_qkv(
             i, h, rope, out=self.qkv[:n] if self.qkv is not None else (self.q[:n], self.k[:n], self.v[:n])
         )
-        if self.pool is not None:
-            self.pool[0][i].index_copy_(0, self.slots[:n], self.k[:n])
-            self.pool[1][i].index_copy_(0, self.slots[:n], self.v[:n])
 
-    def _build(self, n: int, pool) -> list[Callable[[], None]]:
-        steps = range(self.model.num_layers + 1)
+    def _write(self, i: int, n: int) -> None:
+        """Layer ``i``'s K/V of the first ``n`` rows to the pool, at ``slots``."""
+        self.pool[0][i].index_copy_(0, self.slots[:n], self.k[:n])
+        self.pool[1][i].index_copy_(0, self.slots[:n], self.v[:n])
+
+    def _build(self, steps: list[Callable[[], None]], pool) -> list[Callable[[], None]]:
+        """``steps`` captured one graph each (as they are without capture)."""
         if not self.capture:
-            return [lambda i=i: self._segment(i, n) for i in steps]
+            return steps
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up outside capture: cuBLAS handles, lazy inits
-            for i in steps:
-                self._segment(i, n)
+            for step in steps:
+                step()
         torch.cuda.current_stream().wait_stream(side)
         graphs = []
-        for i in steps:
+        for step in steps:
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=pool):
-                self._segment(i, n)
+                step()
             graphs.append(g.replay)
         return graphs
 
@@ -174,8 +180,13 @@ class GraphedDecoder:
         t0 = time.perf_counter()
         pool = torch.cuda.graph_pool_handle() if self.capture else None
         with torch.inference_mode():
+            layers = self.model.num_layers
             for n in reversed(self.buckets):
-                self._segments[n] = self._build(n, pool)
+                self._segments[n] = self._build(
+                    [partial(self._segment, i, n) for i in range(layers + 1)], pool
+                )
+                if self.pool is not None:
+                    self._writes[n] = self._build([partial(self._write, i, n) for i in range(layers)], pool)
         if self.capture:
             torch.cuda.synchronize()
         took = time.perf_counter() - t0
@@ -195,8 +206,8 @@ class GraphedDecoder:
         pool_slots: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """As ``DecoderLM.forward_hidden``; ``attn`` is called with ``out=`` a buffer to fill.
-        With a pool attached, ``pool_slots`` [T] are where the rows' K/V go (None: nowhere, the
-        spare slots); the graphs write them before each ``attn`` call (eager passes do not)."""
+        With a pool attached, ``pool_slots`` [T] are where the rows' K/V go (None: nowhere); the
+        graphs write them before each ``attn`` call (eager passes do not)."""
         n = input_ids.shape[0]
         b = self.bucket(n)
         if b is None or not self._segments:
@@ -204,15 +215,17 @@ class GraphedDecoder:
             return self.model.forward_hidden(input_ids, positions, attn)
         self.ids[:n].copy_(input_ids)
         self.pos[:n].copy_(positions)
-        if self.slots is not None:
-            if pool_slots is None:
-                self.slots[:b].copy_(self.spare[:b])
-            else:
-                self.slots[:n].copy_(pool_slots)
-                self.slots[n:b].copy_(self.spare[n:b])
+        writes = None
+        if pool_slots is not None:
+            self.slots[:n].copy_(pool_slots)
+            self.slots[n:b].copy_(self.spare[n:b])
+            writes = self._writes[b]
+            self.stats["pool_written_forwards"] += 1
         segments = self._segments[b]
         for layer, run in enumerate(segments[:-1]):
             run()
+            if writes is not None:
+                writes[layer]()
             attn(layer, self.q[:n], self.k[:n], self.v[:n], out=self.attn[:n])
         segments[-1]()
         self.stats["graphed_forwards"] += 1

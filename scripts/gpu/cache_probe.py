@@ -12,9 +12,13 @@ saturated batcher cuts them), pipelined as the batcher runs them, in states of t
              served pool some 40 GB full hands a batch's scratch rows pages all over it)
 
 and prints docs/s, and each state's plan: passes, attention calls a pass, rows, the calls' kinds.
-    python3 scripts/gpu/cache_probe.py CKPT OUT.json [BATCHES]"""
+    CALLS=3,11 STATES=off,insert python3 scripts/gpu/cache_probe.py CKPT OUT.json [BATCHES] [ROUNDS]
+CALLS: calls a batch, each in turn (default 11; the served E's batches below saturation held ~3);
+STATES: the states to run (default all); CACHE_MIB: the pool's size (default auto; 0: no cache, the
+state "off" then runs the engine `--prefix-cache-mib 0` serves with, its CUDA graphs writing no pool)."""
 
 import json
+import os
 import random
 import sys
 import time
@@ -28,10 +32,11 @@ from scorer.settings import Settings
 
 ckpt, out = sys.argv[1:3]
 batches = int(sys.argv[3]) if len(sys.argv) > 3 else 30
-engine = ready_engine(Settings(model=ckpt or None))
+engine = ready_engine(Settings(model=ckpt or None, prefix_cache_mib=os.environ.get("CACHE_MIB", "auto")))
 vocab = engine.runner.model.config.vocab_size
 rng = random.Random(1)
-CALLS, PROMPT, DOCS, DOC = 11, 200, 20, 60
+PROMPT, DOCS, DOC = 200, 20, 60
+CALLS = 11
 
 
 def call(off: bool = False) -> ScoreRequest:
@@ -54,8 +59,12 @@ def describe(jobs) -> dict:
         "rows": [p.num_rows for p in plan.passes],
         "calls_per_pass": [len(p.calls) for p in plan.passes],
         "call_kinds": [
-            sorted({("mi" if c.multi_item else "mask" if c.custom_mask else "causal" if c.causal else "full")
-                    for c in p.calls})
+            sorted(
+                {
+                    ("mi" if c.multi_item else "mask" if c.custom_mask else "causal" if c.causal else "full")
+                    for c in p.calls
+                }
+            )
             for p in plan.passes
         ],
         "schemes": sorted({j.scheme.name if hasattr(j.scheme, "name") else str(j.scheme) for j in jobs}),
@@ -67,7 +76,7 @@ def state_batches(state: str) -> list[list[ScoreRequest]]:
     if state.endswith("-scattered"):
         state = state.removesuffix("-scattered")
         rng.shuffle(engine.cache._free)
-    else:  # as a new pool hands them out: lowest first
+    elif engine.cache is not None:  # as a new pool hands them out: lowest first
         engine.cache._free.sort(reverse=True)
     """``batches`` + 1 batches in ``state``: the first one is for ``describe`` (whose look-up
     counts as a sighting), the rest are timed."""
@@ -76,7 +85,10 @@ def state_batches(state: str) -> list[list[ScoreRequest]]:
         b = [call(off=state == "off") for _ in range(CALLS)]
         if state == "insert":
             engine.score_batch([engine.tokenize(r) for r in b])  # first sighting: remembered
-            b = [replace(r, docs=[Doc(token_ids=tuple(reversed(d.token_ids)), id=d.id) for d in r.docs]) for r in b]
+            b = [
+                replace(r, docs=[Doc(token_ids=tuple(reversed(d.token_ids)), id=d.id) for d in r.docs])
+                for r in b
+            ]
         elif state in ("hit", "mixed"):
             k = CALLS if state == "hit" else 3
             for _ in range(2):  # seen twice: cached
@@ -101,12 +113,18 @@ def run(reqs: list[list[ScoreRequest]]) -> tuple[float, dict]:
     return docs / (time.perf_counter() - t0), plan
 
 
+ALL = ("off", "new", "insert", "hit", "mixed", "insert-scattered", "mixed-scattered")
 rows = []
-for rnd in range(int(sys.argv[4]) if len(sys.argv) > 4 else 2):
-    for state in ("off", "new", "insert", "hit", "mixed", "insert-scattered", "mixed-scattered"):
-        reqs = state_batches(state)
-        rate, plan = run(reqs)
-        row = {"round": rnd, "state": state, "docs_s": round(rate, 1), **plan}
-        print(json.dumps(row), flush=True)
-        rows.append(row)
-json.dump({"rows": rows, "stats": dict(engine.cache.stats) if engine.cache else None}, open(out, "w"), indent=1)
+for CALLS in map(int, os.environ.get("CALLS", "11").split(",")):  # noqa: N816 (read by state_batches)
+    for rnd in range(int(sys.argv[4]) if len(sys.argv) > 4 else 2):
+        for state in os.environ.get("STATES", ",".join(ALL)).split(","):
+            reqs = state_batches(state)
+            rate, plan = run(reqs)
+            row = {"calls": CALLS, "round": rnd, "state": state, "docs_s": round(rate, 1), **plan}
+            print(
+                json.dumps({k: row[k] for k in ("calls", "round", "state", "docs_s", "on_pool", "rows")}),
+                flush=True,
+            )
+            rows.append(row)
+with open(out, "w") as f:
+    json.dump({"rows": rows, "stats": dict(engine.cache.stats) if engine.cache else None}, f, indent=1)
