@@ -19,7 +19,7 @@ import torch
 from . import readout
 from .devices import to_device
 from .planning import AUTO, Plan, PlanError, Scheme, Shape, get, plan_batch
-from .planning.cached import on_pool
+from .planning.cached import on_pool, with_pool_copies
 from .planning.choose import auto_policy
 from .planning.schemes import DEFAULT_GROUP_SIZE
 from .prefix_cache import Lease, PoolFull, PrefixCache
@@ -246,7 +246,9 @@ class Engine(Tokenizing):
         """The batch's plan, the lease it holds of the prefix cache and each planned request's
         cached prompt tokens (plan order). Off the cache (no lease, nothing cached) when no call
         of the batch uses it, reads it or is admitted to write it (see ``prefix_cache``), or the
-        batch does not fit the pool beside the batches in flight."""
+        batch does not fit the pool beside the batches in flight; a batch that writes the cache
+        and reads nothing of it plans off the pool and copies the rows it writes
+        (``with_pool_copies``)."""
         use = [self.cache is not None and j.options.prefix_cache != "off" for j in jobs]
         if not any(use):
             return self.plan(jobs), None, []
@@ -259,6 +261,9 @@ class Engine(Tokenizing):
             lease.release()
             return self.plan(jobs), None, []
         try:
+            if not any(h.num_cached for h in hits):  # it only writes: attention off the pool
+                plan = self.plan(jobs)
+                return with_pool_copies(plan, [hits[i] for i in plan.requests]), lease, []
             plan = self.plan(jobs, [h.num_cached for h in hits])
             hits = [hits[i] for i in plan.requests]
             return on_pool(plan, hits, lease.alloc_scratch), lease, [h.num_cached for h in hits]

@@ -57,7 +57,8 @@ class ModelRunner:
     ) -> torch.Tensor:
         """Run every pass of ``plan`` over the batch's logical tokens (``ids``, ``positions``);
         returns the final hidden state of each item's score row [items, hidden], in plan order.
-        A plan on the prefix cache's pool (``plan.on_pool``) reads and writes ``cache``'s K/V."""
+        A plan on the prefix cache's pool (``plan.on_pool``) reads and writes ``cache``'s K/V; a
+        pass with ``copies`` writes those rows' K/V to it."""
         mc = self.model.config
         if plan.on_pool:
             pool = CachePool(cache.k, cache.v)
@@ -72,8 +73,16 @@ class ModelRunner:
             written = (
                 plan.on_pool and self.graphs is not None and self.graphs.writes_pool(cache.k, p.num_rows)
             )
+            copies = None
+            if p.copies is not None:
+                copies = tuple(to_device(t, self.device) for t in p.copies)
+                self.stats["pool_copy_passes"] += 1
 
-            def attn(layer, q, k, v, out=None, p=p, slots=slots, written=written):
+            def attn(layer, q, k, v, out=None, p=p, slots=slots, written=written, copies=copies):
+                if copies is not None:  # the rows the prefix cache keeps, from a pass off its pool
+                    rows, to = copies
+                    cache.k[layer].index_copy_(0, to, k.index_select(0, rows))
+                    cache.v[layer].index_copy_(0, to, v.index_select(0, rows))
                 kv = pool.read(layer) if written else pool.write(layer, p, k, v, slots)
                 return self.backend.run(layer, q, *kv, out=out)
 

@@ -118,12 +118,14 @@ class AttentionCall:
 @dataclass(frozen=True)
 class Pass:
     """One forward pass: rows hold ``logical`` tokens, K/V go to ``slot_offset + row`` of the
-    plan's own pool, or to ``slots[row]`` of the prefix cache's pool when ``slots`` is set."""
+    plan's own pool, or to ``slots[row]`` of the prefix cache's pool when ``slots`` is set;
+    ``copies`` (rows, pool slots): K/V of a pass off the pool that the prefix cache keeps too."""
 
     logical: torch.Tensor  # int64 [T]
     slot_offset: int
     calls: tuple[AttentionCall, ...]
     slots: torch.Tensor | None = None  # int64 [T]: pool slots (a plan on the prefix cache)
+    copies: tuple[torch.Tensor, torch.Tensor] | None = None  # int64 [n] each (``cached.with_pool_copies``)
 
     @property
     def num_rows(self) -> int:

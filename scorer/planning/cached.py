@@ -42,16 +42,14 @@ class PrefixHit:
 NO_HIT = PrefixHit(torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64))
 
 
-def on_pool(plan: Plan, hits: Sequence[PrefixHit], scratch: Callable[[int], torch.Tensor]) -> Plan:
-    """``plan`` (of the uncached shapes) on the pool: ``hits`` per request of the plan (plan
-    order); ``scratch(n)`` gives ``n`` free pool slots for the rows that are not being cached.
-    Vectorised over requests and rows in numpy (a batch holds hundreds of requests; torch's CPU
-    ops cost microseconds each, numpy's a tenth of that, and this runs before a batch's first
-    kernel can start)."""
+def _inserts(plan: Plan, hits: Sequence[PrefixHit]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The plan's rows as logical tokens (every pass's, in order), which of them hold the first copy
+    of a prompt token being cached, the pool slot each logical token is cached to (-1: none) and
+    the request whose prompt each logical token is of (-1: an item's)."""
     bases = np.asarray(logical_bases(plan.shapes), dtype=np.int64)
     prefix = np.fromiter((s.prefix_len for s in plan.shapes), dtype=np.int64, count=len(plan.shapes))
     total = sum(s.num_tokens for s in plan.shapes)
-    owner = np.full(total, -1, dtype=np.int64)  # the request whose prompt a token is of
+    owner = np.full(total, -1, dtype=np.int64)
     owner[np_ranges(bases, prefix)] = np.repeat(np.arange(len(prefix)), prefix)
     n_insert = np.minimum(np.fromiter((len(h.insert) for h in hits), dtype=np.int64, count=len(hits)), prefix)
     insert_slot = np.full(total, -1, dtype=np.int64)
@@ -60,7 +58,33 @@ def on_pool(plan: Plan, hits: Sequence[PrefixHit], scratch: Callable[[int], torc
             [h.insert.numpy()[:n] for h, n in zip(hits, n_insert.tolist(), strict=True)]
         )
     logical = np.concatenate([p.logical.numpy() for p in plan.passes])  # the plan's slot space
-    is_insert = _first_occurrences(logical, insert_slot[logical] >= 0)
+    return logical, _first_occurrences(logical, insert_slot[logical] >= 0), insert_slot, owner
+
+
+def with_pool_copies(plan: Plan, hits: Sequence[PrefixHit]) -> Plan:
+    """``plan`` (off the pool) writing the prompt tokens ``hits`` insert (per request of the plan,
+    plan order; none of them cached yet) to the pool as it goes: each pass's ``copies`` name its
+    rows to copy and their pool slots, and attention reads the pass's own K/V as off the cache. A
+    batch that only writes the cache then copies a few rows a layer, where ``on_pool`` would put
+    every row in the pool and read them all back through its page table (session 20: 7-9% of E's
+    docs/s)."""
+    logical, is_insert, insert_slot, _ = _inserts(plan, hits)
+    passes, at = [], 0
+    for p in plan.passes:
+        rows = np.flatnonzero(is_insert[at : at + p.num_rows])
+        copies = torch.from_numpy(rows), torch.from_numpy(insert_slot[logical[at + rows]])
+        passes.append(replace(p, copies=copies) if len(rows) else p)
+        at += p.num_rows
+    return replace(plan, passes=tuple(passes))
+
+
+def on_pool(plan: Plan, hits: Sequence[PrefixHit], scratch: Callable[[int], torch.Tensor]) -> Plan:
+    """``plan`` (of the uncached shapes) on the pool: ``hits`` per request of the plan (plan
+    order); ``scratch(n)`` gives ``n`` free pool slots for the rows that are not being cached.
+    Vectorised over requests and rows in numpy (a batch holds hundreds of requests; torch's CPU
+    ops cost microseconds each, numpy's a tenth of that, and this runs before a batch's first
+    kernel can start)."""
+    logical, is_insert, insert_slot, owner = _inserts(plan, hits)
     slot_of = np.empty(len(logical), dtype=np.int64)
     slot_of[is_insert] = insert_slot[logical[is_insert]]
     slot_of[~is_insert] = scratch(int((~is_insert).sum())).numpy()
