@@ -97,7 +97,10 @@ class Lease:
         self.cache.end(self, keep_written=False)
 
 
-SPARE_SLOTS = 256
+SPARE_SLOTS = 4096
+"""Spare slots of a pool (past its blocks' slots), for the K/V its graphs write and no block keeps:
+a pass that writes some rows to the cache writes the rest there. 4,096 (470 MB for Qwen3-0.6B):
+a pass of up to 4,096 rows stores each to its own address (256 before session 21)."""
 
 
 class PoolFull(RuntimeError):
@@ -121,11 +124,12 @@ class PrefixCache:
         self.capacity, self.block = capacity // block * block, block
         capacity = self.capacity
         self.slot_bytes = slot_bytes(num_layers, num_kv_heads, head_dim, dtype)
-        # SPARE_SLOTS slots more than the blocks hold, from ``spare`` on: where a CUDA graph that
-        # writes every row of its bucket to the pool puts the rows no pass owns, spread over them
-        # (thousands of rows stored to one address would queue up; see GraphedDecoder.attach_pool)
-        shape = (num_layers, capacity + SPARE_SLOTS, num_kv_heads, head_dim)
-        self.spare = capacity
+        # ``spare_slots`` slots more than the blocks hold, from ``spare`` on: where a CUDA graph that
+        # writes every row of its bucket to the pool puts the rows the cache does not keep, spread
+        # over them (thousands of rows stored to one address would queue up; see
+        # GraphedDecoder.attach_pool); as many as the pool's slots at most
+        self.spare, self.spare_slots = capacity, min(SPARE_SLOTS, capacity)
+        shape = (num_layers, capacity + self.spare_slots, num_kv_heads, head_dim)
         self.k = torch.empty(shape, dtype=dtype, device=device)
         self.v = torch.empty(shape, dtype=dtype, device=device)
         self._free = list(range(capacity // block - 1, -1, -1))  # pages, a stack

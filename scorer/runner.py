@@ -15,7 +15,7 @@ from .devices import to_device
 from .models.decoder import DecoderLM
 from .models.graphs import GraphedDecoder
 from .planning import Plan
-from .prefix_cache import SPARE_SLOTS, PrefixCache
+from .prefix_cache import PrefixCache
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class ModelRunner:
         if self.graphs is None:
             return 0.0
         if cache is not None:
-            self.graphs.attach_pool(cache.k, cache.v, cache.spare, SPARE_SLOTS)
+            self.graphs.attach_pool(cache.k, cache.v, cache.spare, cache.spare_slots)
         try:
             return self.graphs.warm_up()
         except torch.OutOfMemoryError as e:
@@ -70,15 +70,17 @@ class ModelRunner:
             self.backend.plan(p)
             logical = to_device(p.logical, self.device)
             slots = to_device(p.slots, self.device) if p.slots is not None else None
-            written = (
-                plan.on_pool and self.graphs is not None and self.graphs.writes_pool(cache.k, p.num_rows)
-            )
+            # the graphs write the pool (one small graph a layer) where the pass fits a bucket
+            graphs = self.graphs
+            graphed = cache is not None and graphs is not None and graphs.writes_pool(cache.k, p.num_rows)
+            written = plan.on_pool and graphed
             copies = None
             if p.copies is not None:
                 copies = tuple(to_device(t, self.device) for t in p.copies)
                 self.stats["pool_copy_passes"] += 1
+            eager_copies = None if graphed else copies
 
-            def attn(layer, q, k, v, out=None, p=p, slots=slots, written=written, copies=copies):
+            def attn(layer, q, k, v, out=None, p=p, slots=slots, written=written, copies=eager_copies):
                 if copies is not None:  # the rows the prefix cache keeps, from a pass off its pool
                     rows, to = copies
                     cache.k[layer].index_copy_(0, to, k.index_select(0, rows))
@@ -86,9 +88,9 @@ class ModelRunner:
                 kv = pool.read(layer) if written else pool.write(layer, p, k, v, slots)
                 return self.backend.run(layer, q, *kv, out=out)
 
-            if self.graphs is not None:
-                pool_slots = slots if written else None
-                hidden = self.graphs.forward_hidden(ids[logical], positions[logical], attn, pool_slots)
+            if graphs is not None:
+                pool_slots, pool_rows = (slots if written else None), (copies if graphed else None)
+                hidden = graphs.forward_hidden(ids[logical], positions[logical], attn, pool_slots, pool_rows)
             else:
                 hidden = self.model.forward_hidden(ids[logical], positions[logical], attn)
             rows.append(hidden[to_device(score_rows, self.device)])

@@ -204,9 +204,11 @@ class GraphedDecoder:
         positions: torch.Tensor,
         attn: AttnFn,
         pool_slots: torch.Tensor | None = None,
+        pool_rows: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """As ``DecoderLM.forward_hidden``; ``attn`` is called with ``out=`` a buffer to fill.
-        With a pool attached, ``pool_slots`` [T] are where the rows' K/V go (None: nowhere); the
+        With a pool attached, ``pool_slots`` [T] are where the rows' K/V go, or ``pool_rows``
+        (rows, slots) where some of them go, the rest to the spare slots (None: nowhere); the
         graphs write them before each ``attn`` call (eager passes do not)."""
         n = input_ids.shape[0]
         b = self.bucket(n)
@@ -219,6 +221,10 @@ class GraphedDecoder:
         if pool_slots is not None:
             self.slots[:n].copy_(pool_slots)
             self.slots[n:b].copy_(self.spare[n:b])
+        elif pool_rows is not None:
+            self.slots[:b].copy_(self.spare[:b])
+            self.slots.index_copy_(0, *pool_rows)
+        if pool_slots is not None or pool_rows is not None:
             writes = self._writes[b]
             self.stats["pool_written_forwards"] += 1
         segments = self._segments[b]

@@ -2,7 +2,7 @@
 
     python scripts/gpu/served.py share SWEEP_DIR SHARE     # SHARE x a sweep's saturation, calls/s
     python scripts/gpu/served.py summary OUT CONFIG...  # OUT/served.json, a table (CONFIG: feN, feN-LABEL)
-    python scripts/gpu/served.py merge OUT THROUGHPUT_JSON FRONTENDS  # into the engine's records
+    python scripts/gpu/served.py merge OUT THROUGHPUT_JSON FRONTENDS [RUN]  # into its records (served_run)
 
 Saturation is a sweep's highest achieved docs/s (it stops at its first saturated rate); served /
 engine is that against the engine's docs/s on the same workload (OUT/engine.json, the same run).
@@ -94,10 +94,11 @@ def summary(out: Path, configs: list[str]) -> int:
     return 0
 
 
-def merge(out: Path, throughput: Path, frontends: int) -> int:
+def merge(out: Path, throughput: Path, frontends: int, run: str = "") -> int:
     """The served records of ``frontends`` into the qwen3-0.6b ``auto`` records of the engine's
-    throughput.json (``served_*`` fields, with the engine's docs/s of the same run beside them; a
-    workload it has no record of gets the run's engine record)."""
+    throughput.json (``served_*`` fields, with the engine's docs/s of the same run beside them and
+    ``run``, the command, as ``served_run``; a workload it has no record of gets the run's engine
+    record)."""
     doc = json.loads(throughput.read_text())
     auto = lambda r: r["model"] == "qwen3-0.6b" and r["system"] == "auto"  # noqa: E731
     engine = {r["workload"]: r for r in doc["records"] if auto(r)}
@@ -115,6 +116,7 @@ def merge(out: Path, throughput: Path, frontends: int) -> int:
             served_frontends=frontends,
             served_engine_docs_s=rec["engine_docs_s"],
             served_over_engine=rec["served_over_engine"],
+            **({"served_run": run} if run else {}),
         )
     throughput.write_text(json.dumps(doc, indent=1) + "\n")
     return 0
@@ -125,6 +127,6 @@ if __name__ == "__main__":
     if cmd == "share":
         print(share(Path(rest[0]), float(rest[1])))
     elif cmd == "merge":
-        sys.exit(merge(Path(rest[0]), Path(rest[1]), int(rest[2])))
+        sys.exit(merge(Path(rest[0]), Path(rest[1]), int(rest[2]), *rest[3:4]))
     else:
         sys.exit(summary(Path(rest[0]), rest[1:]))

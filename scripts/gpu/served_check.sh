@@ -11,6 +11,6 @@ GPU_TESTS="${GPU_TESTS:-0}" bash scripts/gpu/served.sh 2>&1 | tee "$OUT/served.l
 python3 scripts/gpu/idle_probe.py /tmp/ckpt/qwen3-0.6b-random /tmp/A.jsonl "$OUT/idle_probe.json" >"$OUT/idle_probe.log" 2>&1 \
   || tail -5 "$OUT/idle_probe.log"
 tail -25 "$OUT/idle_probe.log"
-cd "$OUT" && shopt -s nullglob && tar czf logs.tgz served.log idle_probe.* server-*.log pyspy* profile-load.log \
-  && rm -f served.log idle_probe.* server-*.log pyspy* profile-load.log
+cd "$OUT" && shopt -s nullglob && tar czf logs.tgz served.log idle_probe.* server-*.log pyspy* profile-load*.log \
+  && rm -f served.log idle_probe.* server-*.log pyspy* profile-load*.log
 ls "$OUT"
