@@ -20,6 +20,16 @@ from .prefix_cache import PrefixCache
 log = logging.getLogger(__name__)
 
 
+GRAPH_COPY_ROWS = 2048
+"""A pass off the prefix cache's pool that writes rows to it (``Pass.copies``) of up to this many
+rows writes them through the graphs' pool-write step: every row of its bucket stored, the rest to
+the spare slots, one replay a layer. A larger one copies only its kept rows, four eager launches a
+layer. On the H200 (session 21, scripts/gpu/cache_probe.py and idle_probe.py) the graphed write
+cost E's batches of 3 and 11 calls 6-8% of their docs/s (torch's index_copy_ of every row) and the
+eager copies a lone A call 2.5 ms of launch: small passes are the lone calls, whose launch is their
+latency; under load the host plans ahead of the device and the copies' launches cost nothing."""
+
+
 class ModelRunner:
     """``cuda_graph_max_tokens``: on CUDA, passes up to this many tokens replay piecewise CUDA
     graphs (once captured); 0: every pass runs eagerly."""
@@ -78,7 +88,8 @@ class ModelRunner:
             if p.copies is not None:
                 copies = tuple(to_device(t, self.device) for t in p.copies)
                 self.stats["pool_copy_passes"] += 1
-            eager_copies = None if graphed else copies
+            graph_copies = graphed and p.num_rows <= GRAPH_COPY_ROWS
+            eager_copies = None if graph_copies else copies
 
             def attn(layer, q, k, v, out=None, p=p, slots=slots, written=written, copies=eager_copies):
                 if copies is not None:  # the rows the prefix cache keeps, from a pass off its pool
@@ -89,7 +100,7 @@ class ModelRunner:
                 return self.backend.run(layer, q, *kv, out=out)
 
             if graphs is not None:
-                pool_slots, pool_rows = (slots if written else None), (copies if graphed else None)
+                pool_slots, pool_rows = (slots if written else None), (copies if graph_copies else None)
                 hidden = graphs.forward_hidden(ids[logical], positions[logical], attn, pool_slots, pool_rows)
             else:
                 hidden = self.model.forward_hidden(ids[logical], positions[logical], attn)
