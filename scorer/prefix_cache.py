@@ -295,9 +295,11 @@ class PrefixCache:
             self._report()
 
     def clear(self) -> None:
-        """Evict every block no batch holds, and zero ``stats``."""
+        """Evict every block no batch holds, forget the prompts seen (a prompt is new again), and
+        zero ``stats``."""
         with self._lock:
             self.stats = dict.fromkeys(self.stats, 0)
+            self._seen.clear()
             for blk in sorted(self._index.values(), key=lambda b: -b.id):  # children before parents
                 if blk.refs == 0 and blk.children == 0:
                     self._evict(blk, count=False)

@@ -160,6 +160,11 @@ def test_by_default_a_prompt_seen_once_runs_off_the_pool_and_is_kept_when_seen_a
     assert on.cache.cached_blocks == 2 + 2  # the head's two blocks; no query's own third block
     for q, r in zip(queries, got, strict=True):
         assert_close(r, off.score(request(q, docs)))
+    on.cache.clear()  # forgets the sightings too: the prompt is new again
+    other = [rng.randrange(VOCAB) for _ in range(40)]
+    on.score(request(other, docs))
+    on.cache.clear()
+    assert on.score(request(other, docs)).usage.cached_prompt_tokens == 0 and on.cache.cached_blocks == 0
 
 
 def test_admit_is_one_or_two(off):
