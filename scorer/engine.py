@@ -183,7 +183,7 @@ class Engine(Tokenizing):
     def plan(self, jobs: Sequence[Job], cached: Sequence[int] | None = None) -> Plan:
         """One checked plan for the batch (see ``planning.plan_batch``); ``cached`` (a plan for
         the prefix cache's pool): the prompt tokens of each job read from the cache, left out of
-        the plan (see ``on_pool``). On the pool the graphs write every pass's K/V, so a split
+        the plan (see ``on_pool``). On the pool every pass's K/V is written to it, so a split
         request never computes its prompt again there."""
         c = self.config
         share = self.recompute_share if cached is None else 0.0

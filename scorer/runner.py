@@ -46,8 +46,9 @@ class ModelRunner:
     def capture_graphs(self, cache: PrefixCache | None = None) -> float:
         """Capture the CUDA graphs of every token bucket (seconds taken; 0 without graphs). Until
         then every forward runs eagerly; so does every forward when the capture runs out of
-        memory (logged: lower ``cuda_graph_max_tokens``). With ``cache``, the graphs write each
-        layer's K/V to its pool as well (``GraphedDecoder.attach_pool``)."""
+        memory (logged: lower ``cuda_graph_max_tokens``). With ``cache``, each bucket also gets the
+        graphs that write a layer's K/V to its pool, for passes that write it
+        (``GraphedDecoder.attach_pool``)."""
         if self.graphs is None:
             return 0.0
         if cache is not None:

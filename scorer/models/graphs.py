@@ -11,11 +11,12 @@ A forward is then ``L + 1`` graph replays and ``L`` attention calls.
 
 With the prefix cache's pool attached (``attach_pool``), each bucket also has one small graph a
 layer that writes that layer's K/V to the pool at the slots of a static buffer (the pass's
-``slots``; its padding rows to the pool's spare slots, spread so that no address takes thousands
-of stores), replayed after segment ``i`` by a pass on the pool only: such a pass launches no
-copies of its own (two per layer, ~0.8 ms of host time in a 28-layer forward of one call), and a
-pass off the pool writes nothing (session 20: segments that wrote every pass's K/V, to the spare
-slots when off the pool, cost E's batches 7-8% of the engine's docs/s with the cache on).
+``slots``, or the rows the cache keeps of a pass off the pool; every other row to the pool's
+spare slots, spread so that no address takes thousands of stores), replayed after segment ``i``
+by a pass that writes the pool only: such a pass launches no copies of its own (two per layer,
+~0.8 ms of host time in a 28-layer forward of one call), and a pass that writes nothing stores
+nothing (session 21: segments that wrote every pass's K/V, to the spare slots when off the pool,
+cost E's batches 7-8% of the engine's docs/s with the cache on).
 
 Inputs and outputs of the segments live in buffers allocated once for the largest bucket; a
 request of ``T`` tokens runs in the smallest bucket ``>= T`` and its rows ``T..bucket`` are
