@@ -342,9 +342,8 @@ def test_overload_of_a_small_stub_is_reported(tmp_path: Path) -> None:
     rep = _report(out)
     assert rep["saturation"]["saturated"]
     assert rep["by_code"]["RESOURCE_EXHAUSTED"] > 100
-    # near the stub's capacity, not collapsed; wall-clock on a shared 2-core runner (68 seen once,
-    # 59 with other load tests running beside it)
-    assert 50 <= rep["achieved_rps"] <= 110, rep["achieved_rps"]
+    # near the stub's capacity, not collapsed; wall-clock on a shared 2-core runner (68 seen once)
+    assert 60 <= rep["achieved_rps"] <= 110, rep["achieved_rps"]
     assert rep["server"]["matched"], rep["server"]
 
 

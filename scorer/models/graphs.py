@@ -219,13 +219,13 @@ class GraphedDecoder:
         self.ids[:n].copy_(input_ids)
         self.pos[:n].copy_(positions)
         writes = None
-        if pool_slots is not None:
-            self.slots[:n].copy_(pool_slots)
-            self.slots[n:b].copy_(self.spare[n:b])
-        elif pool_rows is not None:
-            self.slots[:b].copy_(self.spare[:b])
-            self.slots.index_copy_(0, *pool_rows)
         if pool_slots is not None or pool_rows is not None:
+            if pool_slots is not None:
+                self.slots[:n].copy_(pool_slots)
+                self.slots[n:b].copy_(self.spare[n:b])
+            else:
+                self.slots[:b].copy_(self.spare[:b])
+                self.slots.index_copy_(0, *pool_rows)
             writes = self._writes[b]
             self.stats["pool_written_forwards"] += 1
         segments = self._segments[b]

@@ -66,7 +66,7 @@ def with_pool_copies(plan: Plan, hits: Sequence[PrefixHit]) -> Plan:
     plan order; none of them cached yet) to the pool as it goes: each pass's ``copies`` name its
     rows to copy and their pool slots, and attention reads the pass's own K/V as off the cache. A
     batch that only writes the cache then copies a few rows a layer, where ``on_pool`` would put
-    every row in the pool and read them all back through its page table (session 20: 7-9% of E's
+    every row in the pool and read them all back through its page table (session 21: 7-9% of E's
     docs/s)."""
     logical, is_insert, insert_slot, _ = _inserts(plan, hits)
     passes, at = [], 0

@@ -5,7 +5,7 @@ saturated batcher cuts them), pipelined as the batcher runs them, in states of t
 
   off        every call with prefix_cache="off"
   new        prompts never seen (the cache looks and keeps nothing: off the pool)
-  insert     prompts seen once before (admitted now: on the pool, writing them)
+  insert     prompts seen once before (admitted now: writing them, off the pool since session 21)
   hit        prompts cached whole (on the pool, reading them)
   mixed      `hit` for 3 calls of the 11 (E's served hit rate was ~22%), `new` for the rest
   insert-scattered, mixed-scattered: the same with the pool's free pages shuffled first (a
@@ -73,13 +73,13 @@ def describe(jobs) -> dict:
 
 
 def state_batches(state: str) -> list[list[ScoreRequest]]:
+    """``batches`` + 1 batches in ``state``: the first one is for ``describe`` (whose look-up
+    counts as a sighting), the rest are timed."""
     if state.endswith("-scattered"):
         state = state.removesuffix("-scattered")
         rng.shuffle(engine.cache._free)
     elif engine.cache is not None:  # as a new pool hands them out: lowest first
         engine.cache._free.sort(reverse=True)
-    """``batches`` + 1 batches in ``state``: the first one is for ``describe`` (whose look-up
-    counts as a sighting), the rest are timed."""
     out = []
     for _ in range(batches + 1):
         b = [call(off=state == "off") for _ in range(CALLS)]
