@@ -83,6 +83,12 @@ OOM_RETRIES = Counter(
     "Merged batches that ran out of memory and were retried one request at a time.",
     registry=REGISTRY,
 )
+INLINE_BATCHES = Counter(
+    "scorer_batches_inline_total",
+    "Batches that found the device idle and short, launched and waited for on the event loop"
+    " (no hand-off to the worker threads).",
+    registry=REGISTRY,
+)
 DOCS_SCORED = Counter(
     "scorer_docs_scored_total",
     "Documents scored, by concrete scheme.",

@@ -14,8 +14,13 @@ and never one a lease holds; so holding a prompt's deepest block keeps its whole
 block's ancestors are live while it is.
 
 A block is cached on its ``admit``-th sighting (default 2): the chains of prompt blocks seen and
-not cached are remembered as hashes (``SEEN`` of them, least recently seen forgotten first), and a
-prompt writes only the blocks seen before. A prompt seen once (a unique query) writes nothing; a
+not cached are remembered as hashes (as many as the pool holds blocks, ``SEEN`` at most; least
+recently seen forgotten first), and a prompt writes only the blocks seen before. A block that
+comes back only after more distinct blocks than the pool holds would have been evicted before
+its return (least recently used first), so caching it would cost a write and evict a block that
+might be read: such prompts (a set larger than the pool, cycled) are forgotten before they
+return and write nothing (session 22: the served sweeps' 4,000 prompts wrote and evicted on
+every call, and hit 1-9% of their tokens). A prompt seen once (a unique query) writes nothing; a
 call that neither reads nor writes the pool plans off it, and a batch of such calls runs exactly as
 without a cache (no pool writes, no scattered K/V reads: section 14 of bench/RESULTS.md measures
 what they cost). A false match of the hashes only caches a block early; hits stay exact.
@@ -40,7 +45,8 @@ RECENT = 256
 """Prompts whose blocks are remembered whole: a prompt seen lately is matched with one lookup
 (hashing its ids once) instead of one per block."""
 SEEN = 1 << 16
-"""Block chains remembered as seen-but-not-cached, for admission on a later sighting."""
+"""Block chains remembered as seen-but-not-cached, for admission on a later sighting, at most
+(fewer where the pool holds fewer blocks)."""
 CPU_AUTO_MIB = 64
 """``--prefix-cache-mib auto`` on the CPU."""
 GPU_AUTO_SHARE = 0.4
@@ -144,6 +150,7 @@ class PrefixCache:
             )
         self.admit = admit
         self._seen: OrderedDict[int, None] = OrderedDict()  # hashes of block chains seen once
+        self.seen_limit = min(SEEN, capacity // block)  # the pool's reach, in blocks
         self._lock = threading.RLock()
         self.stats = {"hit_tokens": 0, "lookup_tokens": 0, "evictions": 0, "off_pool_batches": 0}
         metrics.PREFIX_CACHE_BYTES.labels(kind="capacity").set(capacity * self.slot_bytes)
@@ -277,7 +284,7 @@ class PrefixCache:
                 self._seen.move_to_end(h)
             else:
                 self._seen[h] = None
-        while len(self._seen) > SEEN:
+        while len(self._seen) > self.seen_limit:
             self._seen.popitem(last=False)
         return n if admitted is None else admitted
 

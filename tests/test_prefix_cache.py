@@ -167,6 +167,34 @@ def test_by_default_a_prompt_seen_once_runs_off_the_pool_and_is_kept_when_seen_a
     assert on.score(request(other, docs)).usage.cached_prompt_tokens == 0 and on.cache.cached_blocks == 0
 
 
+def test_admission_remembers_as_many_blocks_as_the_pool_holds():
+    """A prompt set larger than the pool, cycled, would be written and evicted on every call
+    without ever being read (least recently used first): its blocks are forgotten before they come
+    back and nothing is written. A set the pool holds is written on its second round and read on
+    its third."""
+
+    def rounds(cache: PrefixCache, prompts, n: int) -> list[tuple[int, int]]:
+        out = []
+        for _ in range(n):
+            hit = written = 0
+            for p in prompts:
+                hits, lease = cache.reserve([(p, "", ())])
+                hit += hits[0].num_cached
+                written += len(lease.written) * BLOCK
+                lease.release()
+            out.append((hit, written))
+        return out
+
+    rng = random.Random(5)
+    big = [tuple(rng.randrange(VOCAB) for _ in range(5 * BLOCK + 1)) for _ in range(8)]  # 40 blocks
+    cache = PrefixCache(32 * BLOCK, 1, 1, 8, torch.float32, torch.device("cpu"), admit=2)
+    assert cache.seen_limit == 32
+    assert rounds(cache, big, 4) == [(0, 0)] * 4
+    small = big[:6]  # 30 blocks
+    cache = PrefixCache(32 * BLOCK, 1, 1, 8, torch.float32, torch.device("cpu"), admit=2)
+    assert rounds(cache, small, 3) == [(0, 0), (0, 30 * BLOCK), (30 * BLOCK, 0)]
+
+
 def test_admit_is_one_or_two(off):
     mc = off.runner.model.config
     with pytest.raises(ValueError, match="admit"):

@@ -6,7 +6,10 @@ while calls arrive too seldom for the wait to gather company (``COMPANY``);
 it is launched on one worker thread (the host planning and the queuing of its device work) and
 waited for on another, so the event loop keeps answering health checks and accepting calls while
 the model computes, and the next batch is planned while the device still runs this one
-(``IN_FLIGHT`` batches at most). A call whose deadline passed or that was cancelled while queued
+(``IN_FLIGHT`` batches at most). A short batch that finds the device idle is launched on the
+event loop itself (``INLINE_S``: the launch holds the GIL either way), and waited for there too
+when no call is queued behind it and it should end soon after its launch (``INLINE_WAIT_S``): on
+an idle server each hand-off to a sleeping thread and back costs a wake-up (4 a call). A call whose deadline passed or that was cancelled while queued
 is dropped without compute. A batch that fails (out of memory above all) is retried one call at
 a time, so only the failing call fails.
 
@@ -65,6 +68,16 @@ COMPANY = 0.5
 load a wait behind a batch in flight would gather nobody and only add to the call's latency."""
 ARRIVALS = 8
 """Arrivals the gap estimate spans."""
+INLINE_S = 0.01
+"""A batch that finds no batch in flight is launched on the event loop when its estimated time on
+the device is at most this long (the loop answers nothing else meanwhile; a longer launch runs on
+the forward thread, which gives the loop the GIL every few ms)."""
+INLINE_WAIT_S = 0.002
+"""A batch launched on the event loop is waited for there too (the loop blocked until its scores
+are in) when no call is queued behind it and its estimated time on the device, less its launch,
+is at most this long: a call that arrives meanwhile waits about this long more to be queued, where
+a waiting thread would have cost this batch two wake-ups (an A call's device work ends ~0.5 ms
+after its launch)."""
 
 
 class QueueFull(Exception):
@@ -406,10 +419,15 @@ class Batcher:
         metrics.BATCH_TOKENS.observe(sum(j.tokens for j in batch))
         started = time.monotonic()
         flight = _Flight(sum(j.tokens for j in batch), started)
+        inline = not self._in_flight and self._ends_soon(flight, INLINE_S)  # nothing to overlap it with
         self._in_flight.append(flight)
         loop = asyncio.get_running_loop()
         try:
-            collect = await loop.run_in_executor(self._executor, self._score, [j.job for j in batch])
+            jobs = [j.job for j in batch]
+            if inline:
+                collect = self._score(jobs)
+            else:
+                collect = await loop.run_in_executor(self._executor, self._score, jobs)
         except Exception as exc:
             try:
                 await self._failed(batch, exc)
@@ -417,13 +435,26 @@ class Batcher:
                 self._landed(flight)
                 self._slots.release()
             return
+        if inline and not self._pending and self._ends_soon(flight, INLINE_WAIT_S):
+            metrics.INLINE_BATCHES.inc()
+            await self._collect(batch, collect, flight, inline=True)
+            return
         task = loop.create_task(self._collect(batch, collect, flight))
         self._collecting.add(task)
         task.add_done_callback(self._collecting.discard)
 
-    async def _collect(self, batch: list[_Queued], collect: Callable[[], list[ScoreResult]], flight: _Flight):
+    async def _collect(
+        self,
+        batch: list[_Queued],
+        collect: Callable[[], list[ScoreResult]],
+        flight: _Flight,
+        inline: bool = False,
+    ):
         try:
-            results = await asyncio.get_running_loop().run_in_executor(self._waiter, collect)
+            if inline:
+                results = collect()
+            else:
+                results = await asyncio.get_running_loop().run_in_executor(self._waiter, collect)
         except Exception as exc:
             log.exception("batch of %d requests failed on the device", len(batch))
             for job in batch:
@@ -433,6 +464,12 @@ class Batcher:
             held = self._landed(flight)
             self._slots.release()
         self._finish(batch, results, flight.started, held)
+
+    def _ends_soon(self, flight: _Flight, within: float) -> bool:
+        """Is the batch estimated to leave the device within ``within`` seconds from now (not
+        before the forward-time model has a fit)?"""
+        predicted = self._forward_time.predict(flight.tokens)
+        return predicted is not None and predicted - (time.monotonic() - flight.started) <= within
 
     def _landed(self, flight: _Flight) -> float:
         """The batch ended: it leaves the flights. Returns the seconds it held the device."""

@@ -52,8 +52,8 @@ class FakeForward:
         return lambda: results
 
 
-def run(scenario) -> None:
-    asyncio.run(asyncio.wait_for(scenario(), 30))
+def run(scenario):
+    return asyncio.run(asyncio.wait_for(scenario(), 30))
 
 
 def test_queued_calls_merge_in_arrival_order_up_to_the_token_budget():
@@ -335,6 +335,43 @@ async def warmed(forward, policy: BatchPolicy, calls: int = 2) -> Batcher:
     for i in range(calls):
         await batcher.submit(call(10, f"warm{i}"), None, f"warm{i}")
     return batcher
+
+
+def test_a_short_batch_on_an_idle_device_runs_on_the_event_loop_and_others_on_the_worker_threads():
+    """Once the forward-time model has a fit, a short batch that finds nothing in flight is
+    launched on the loop's own thread (no hand-off: each costs an idle server a wake-up), and
+    waited for there when nothing is queued behind it; a batch launched while another is in
+    flight, or one estimated long, goes to the worker threads, so the loop answers meanwhile."""
+    import threading
+
+    seen: dict[str, tuple[str, str]] = {}  # call: (thread of its launch, thread of its collect)
+
+    def launch(batch: Sequence[Job]):
+        name, launched = batch[0].request.prompt, threading.current_thread().name
+        time.sleep(0.05 if name.startswith("slow") else 0.0005)
+
+        def collect():
+            time.sleep(0.02 if name == "first" else 0.0)
+            seen[name] = (launched, threading.current_thread().name)
+            return [ScoreResult((), "ragged", Usage(0, 0, tokens_of(t), 0)) for t in batch]
+
+        return collect
+
+    async def scenario():
+        batcher = await warmed(launch, BatchPolicy(max_batch_tokens=100, max_wait_s=0))
+        await batcher.submit(call(10, "idle"), None, "idle")
+        await asyncio.gather(*(batcher.submit(call(100, n), None, n) for n in ("first", "second")))
+        for i in range(4):  # the model comes to fit ~50 ms a batch: past INLINE_S
+            await batcher.submit(call(100, f"slow{i}"), None, f"slow{i}")
+        await batcher.close()
+        return threading.current_thread().name
+
+    loop = run(scenario)
+    assert seen["warm0"][0].startswith("forward")  # no fit yet
+    assert seen["idle"] == (loop, loop)
+    assert seen["first"][0] == loop and seen["first"][1].startswith("collect")  # "second" queued behind it
+    assert seen["second"][0].startswith("forward")  # "first" in flight
+    assert seen["slow3"][0].startswith("forward")
 
 
 def test_a_burst_is_admitted_only_as_far_as_the_batches_ahead_can_serve_it_in_time():
