@@ -6,10 +6,12 @@ while calls arrive too seldom for the wait to gather company (``COMPANY``);
 it is launched on one worker thread (the host planning and the queuing of its device work) and
 waited for on another, so the event loop keeps answering health checks and accepting calls while
 the model computes, and the next batch is planned while the device still runs this one
-(``IN_FLIGHT`` batches at most). A short batch that finds the device idle is launched on the
-event loop itself (``INLINE_S``: the launch holds the GIL either way), and waited for there too
-when no call is queued behind it and it should end soon after its launch (``INLINE_WAIT_S``): on
-an idle server each hand-off to a sleeping thread and back costs a wake-up (4 a call). A call whose deadline passed or that was cancelled while queued
+(``IN_FLIGHT`` batches at most). Under light load (calls arriving further apart than a batch
+takes) a short batch that finds the device idle is launched on the event loop itself
+(``INLINE_S``: the launch holds the GIL either way), and waited for there too when no call is
+queued behind it and it should end soon after its launch (``INLINE_WAIT_S``): on an idle server
+each hand-off to a sleeping thread and back costs a wake-up (4 a call). Not under more load: the
+next batch's launch would no longer overlap this one's device work. A call whose deadline passed or that was cancelled while queued
 is dropped without compute. A batch that fails (out of memory above all) is retried one call at
 a time, so only the failing call fails.
 
@@ -69,9 +71,11 @@ load a wait behind a batch in flight would gather nobody and only add to the cal
 ARRIVALS = 8
 """Arrivals the gap estimate spans."""
 INLINE_S = 0.01
-"""A batch that finds no batch in flight is launched on the event loop when its estimated time on
-the device is at most this long (the loop answers nothing else meanwhile; a longer launch runs on
-the forward thread, which gives the loop the GIL every few ms)."""
+"""A batch that finds no batch in flight, while calls arrive further apart than INLINE_GAPS times
+its estimated time on the device, is launched on the event loop when that estimate is at most this
+long (the loop answers nothing else meanwhile; a longer launch runs on the forward thread, which
+gives the loop the GIL every few ms)."""
+INLINE_GAPS = 2.0
 INLINE_WAIT_S = 0.002
 """A batch launched on the event loop is waited for there too (the loop blocked until its scores
 are in) when no call is queued behind it and its estimated time on the device, less its launch,
@@ -327,10 +331,14 @@ class Batcher:
         """Would ``max_wait_s`` gather at least COMPANY more calls, at the recent arrival rate?
         The mean gap counts the time since the last arrival, so a burst long past does not hold
         later lone calls."""
+        return self.policy.max_wait_s >= COMPANY * self._mean_gap()
+
+    def _mean_gap(self) -> float:
+        """The recent mean gap between arrivals, counting the time since the last one (infinite
+        before two)."""
         if len(self._arrivals) < 2:
-            return False
-        gap = (time.monotonic() - self._arrivals[0]) / (len(self._arrivals) - 1)
-        return self.policy.max_wait_s >= COMPANY * gap
+            return math.inf
+        return (time.monotonic() - self._arrivals[0]) / (len(self._arrivals) - 1)
 
     def _take(self) -> list[_Queued]:
         """The oldest calls that fit the token budget (at least one) and can still meet their
@@ -419,7 +427,7 @@ class Batcher:
         metrics.BATCH_TOKENS.observe(sum(j.tokens for j in batch))
         started = time.monotonic()
         flight = _Flight(sum(j.tokens for j in batch), started)
-        inline = not self._in_flight and self._ends_soon(flight, INLINE_S)  # nothing to overlap it with
+        inline = not self._in_flight and self._alone(flight)  # nothing to overlap it with
         self._in_flight.append(flight)
         loop = asyncio.get_running_loop()
         try:
@@ -464,6 +472,12 @@ class Batcher:
             held = self._landed(flight)
             self._slots.release()
         self._finish(batch, results, flight.started, held)
+
+    def _alone(self, flight: _Flight) -> bool:
+        """Is the batch short (INLINE_S) and the load light: calls arriving INLINE_GAPS times
+        further apart than it takes, so the next probably finds the device idle again?"""
+        predicted = self._forward_time.predict(flight.tokens)
+        return predicted is not None and predicted <= INLINE_S and self._mean_gap() >= INLINE_GAPS * predicted
 
     def _ends_soon(self, flight: _Flight, within: float) -> bool:
         """Is the batch estimated to leave the device within ``within`` seconds from now (not

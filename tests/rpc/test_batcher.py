@@ -337,11 +337,12 @@ async def warmed(forward, policy: BatchPolicy, calls: int = 2) -> Batcher:
     return batcher
 
 
-def test_a_short_batch_on_an_idle_device_runs_on_the_event_loop_and_others_on_the_worker_threads():
-    """Once the forward-time model has a fit, a short batch that finds nothing in flight is
-    launched on the loop's own thread (no hand-off: each costs an idle server a wake-up), and
-    waited for there when nothing is queued behind it; a batch launched while another is in
-    flight, or one estimated long, goes to the worker threads, so the loop answers meanwhile."""
+def test_under_light_load_a_short_batch_runs_on_the_event_loop_and_others_on_the_worker_threads():
+    """Once the forward-time model has a fit, a short batch that finds nothing in flight while
+    calls arrive far apart is launched on the loop's own thread (no hand-off: each costs an idle
+    server a wake-up), and waited for there when nothing is queued behind it. A batch launched
+    while another is in flight, in a burst of calls, or estimated long goes to the worker threads,
+    so the next launch overlaps its device work and the loop answers meanwhile."""
     import threading
 
     seen: dict[str, tuple[str, str]] = {}  # call: (thread of its launch, thread of its collect)
@@ -359,9 +360,14 @@ def test_a_short_batch_on_an_idle_device_runs_on_the_event_loop_and_others_on_th
 
     async def scenario():
         batcher = await warmed(launch, BatchPolicy(max_batch_tokens=100, max_wait_s=0))
+        await asyncio.sleep(0.03)
         await batcher.submit(call(10, "idle"), None, "idle")
+        await asyncio.sleep(0.03)
         await asyncio.gather(*(batcher.submit(call(100, n), None, n) for n in ("first", "second")))
+        await asyncio.sleep(0.03)
+        await asyncio.gather(*(batcher.submit(call(100, f"burst{i}"), None, f"burst{i}") for i in range(8)))
         for i in range(4):  # the model comes to fit ~50 ms a batch: past INLINE_S
+            await asyncio.sleep(0.2)
             await batcher.submit(call(100, f"slow{i}"), None, f"slow{i}")
         await batcher.close()
         return threading.current_thread().name
@@ -371,6 +377,7 @@ def test_a_short_batch_on_an_idle_device_runs_on_the_event_loop_and_others_on_th
     assert seen["idle"] == (loop, loop)
     assert seen["first"][0] == loop and seen["first"][1].startswith("collect")  # "second" queued behind it
     assert seen["second"][0].startswith("forward")  # "first" in flight
+    assert all(seen[f"burst{i}"][0].startswith("forward") for i in range(8))
     assert seen["slow3"][0].startswith("forward")
 
 
