@@ -12,8 +12,8 @@ takes) a short batch that finds the device idle is launched on the event loop it
 queued behind it and it should end soon after its launch (``INLINE_WAIT_S``): on an idle server
 each hand-off to a sleeping thread and back costs a wake-up (4 a call). Not under more load: the
 next batch's launch would no longer overlap this one's device work. A call whose deadline
-passed or that was cancelled while queued is dropped without compute. A batch that fails (out of memory above all) is retried one call at
-a time, so only the failing call fails.
+passed or that was cancelled while queued is dropped without compute. A batch that fails (out
+of memory above all) is retried one call at a time, so only the failing call fails.
 
 Under overload, work spent on a call that will miss its deadline anyway is what makes goodput
 collapse. The batcher keeps a model of the time a batch holds the device, ``a + b * tokens`` fitted
