@@ -207,6 +207,13 @@ class Settings:
     max_queue: int = setting(
         256, "calls waiting beyond this are refused with RESOURCE_EXHAUSTED", check=at_least(1)
     )
+    loop_path_gaps: float = setting(
+        1.0,
+        "a short batch that finds the device idle runs on the event loop, without worker-thread"
+        " hand-offs, while calls arrive at least this many of its estimated times apart (0: whenever"
+        " the device is idle; a large value: never)",
+        check=at_least(0),
+    )
     # the standalone server
     host: str = setting("127.0.0.1", "address to listen on (gRPC, HTTP and metrics)", scopes=(SERVE,))
     port: int = setting(50051, "gRPC port (0: any free one)", scopes=(SERVE,), check=_port)
@@ -315,7 +322,7 @@ class Settings:
     def batch_policy(self):
         from .server.batcher import BatchPolicy
 
-        return BatchPolicy(self.max_batch_tokens, self.max_wait_ms / 1e3, self.max_queue)
+        return BatchPolicy(self.max_batch_tokens, self.max_wait_ms / 1e3, self.max_queue, self.loop_path_gaps)
 
     def knobs(self):
         from .server.debug import DebugKnobs

@@ -71,11 +71,10 @@ load a wait behind a batch in flight would gather nobody and only add to the cal
 ARRIVALS = 8
 """Arrivals the gap estimate spans."""
 INLINE_S = 0.01
-"""A batch that finds no batch in flight, while calls arrive further apart than INLINE_GAPS times
-its estimated time on the device, is launched on the event loop when that estimate is at most this
-long (the loop answers nothing else meanwhile; a longer launch runs on the forward thread, which
-gives the loop the GIL every few ms)."""
-INLINE_GAPS = 2.0
+"""A batch that finds no batch in flight, while calls arrive further apart than
+``BatchPolicy.loop_path_gaps`` times its estimated time on the device, is launched on the event
+loop when that estimate is at most this long (the loop answers nothing else meanwhile; a longer
+launch runs on the forward thread, which gives the loop the GIL every few ms)."""
 INLINE_WAIT_S = 0.002
 """A batch launched on the event loop is waited for there too (the loop blocked until its scores
 are in) when no call is queued behind it and its estimated time on the device, less its launch,
@@ -113,6 +112,10 @@ class BatchPolicy:
     max_batch_tokens: int = 16384
     max_wait_s: float = 0.002
     max_queue: int = 256
+    loop_path_gaps: float = 1.0
+    """The event-loop path under light load: calls at least this many batch times apart (0: at
+    any idle moment; ``math.inf``: never). RESULTS section 27: 0 and 2 on the H200, 0, 1, 2 and
+    never on a simulated device (``bench.loop_path``)."""
 
 
 @dataclass(frozen=True)
@@ -474,10 +477,14 @@ class Batcher:
         self._finish(batch, results, flight.started, held)
 
     def _alone(self, flight: _Flight) -> bool:
-        """Is the batch short (INLINE_S) and the load light: calls arriving INLINE_GAPS times
-        further apart than it takes, so the next probably finds the device idle again?"""
+        """Is the batch short (INLINE_S) and the load light: calls arriving ``loop_path_gaps``
+        times further apart than it takes, so the next probably finds the device idle again?"""
         predicted = self._forward_time.predict(flight.tokens)
-        return predicted is not None and predicted <= INLINE_S and self._mean_gap() >= INLINE_GAPS * predicted
+        return (
+            predicted is not None
+            and predicted <= INLINE_S
+            and self._mean_gap() >= self.policy.loop_path_gaps * predicted
+        )
 
     def _ends_soon(self, flight: _Flight, within: float) -> bool:
         """Is the batch estimated to leave the device within ``within`` seconds from now (not

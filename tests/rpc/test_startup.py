@@ -95,6 +95,7 @@ def test_a_setting_that_cannot_work_stops_the_server_before_it_starts(scorer_cac
         ("max_doc_tokens", 0, "0 is less than 1"),
         ("max_batch_tokens", 0, "0 is less than 1"),
         ("max_wait_ms", -0.5, "-0.5 is less than 0"),
+        ("loop_path_gaps", -1.0, "-1.0 is less than 0"),
         ("cuda_graph_max_tokens", -1, "-1 is less than 0"),
         ("drain_seconds", -1.0, "-1.0 is less than 0"),
         ("grace_seconds", -1.0, "-1.0 is less than 0"),
@@ -133,6 +134,7 @@ def test_settings_check_cuda_the_model_directory_and_the_tls_files(tmp_path, sco
 def test_settings_take_the_edges_of_their_ranges():
     edges = dict(port=65535, metrics_port=0, max_queue=1, max_docs=1, max_wait_ms=0, drain_seconds=0)
     assert Settings(**edges, cuda_graph_max_tokens=0, call_timeout_s=0.5, device="cpu").port == 65535
+    assert Settings(loop_path_gaps=0, device="cpu").batch_policy().loop_path_gaps == 0
 
 
 def test_the_serving_log_lines_age_counts_from_the_process_start():
