@@ -430,7 +430,8 @@ class Batcher:
         metrics.BATCH_TOKENS.observe(sum(j.tokens for j in batch))
         started = time.monotonic()
         flight = _Flight(sum(j.tokens for j in batch), started)
-        inline = not self._in_flight and self._alone(flight)  # nothing to overlap it with
+        predicted = self._forward_time.predict(flight.tokens)
+        inline = not self._in_flight and self._alone(predicted)  # nothing to overlap it with
         self._in_flight.append(flight)
         loop = asyncio.get_running_loop()
         try:
@@ -446,7 +447,7 @@ class Batcher:
                 self._landed(flight)
                 self._slots.release()
             return
-        if inline and not self._pending and self._ends_soon(flight, INLINE_WAIT_S):
+        if inline and not self._pending and predicted - (time.monotonic() - started) <= INLINE_WAIT_S:
             metrics.INLINE_BATCHES.inc()
             await self._collect(batch, collect, flight, inline=True)
             return
@@ -476,21 +477,15 @@ class Batcher:
             self._slots.release()
         self._finish(batch, results, flight.started, held)
 
-    def _alone(self, flight: _Flight) -> bool:
-        """Is the batch short (INLINE_S) and the load light: calls arriving ``loop_path_gaps``
-        times further apart than it takes, so the next probably finds the device idle again?"""
-        predicted = self._forward_time.predict(flight.tokens)
+    def _alone(self, predicted: float | None) -> bool:
+        """Is a batch estimated to take ``predicted`` seconds (None: no fit yet) short (INLINE_S)
+        and the load light: calls arriving ``loop_path_gaps`` times further apart than it takes,
+        so the next probably finds the device idle again?"""
         return (
             predicted is not None
             and predicted <= INLINE_S
             and self._mean_gap() >= self.policy.loop_path_gaps * predicted
         )
-
-    def _ends_soon(self, flight: _Flight, within: float) -> bool:
-        """Is the batch estimated to leave the device within ``within`` seconds from now (not
-        before the forward-time model has a fit)?"""
-        predicted = self._forward_time.predict(flight.tokens)
-        return predicted is not None and predicted - (time.monotonic() - flight.started) <= within
 
     def _landed(self, flight: _Flight) -> float:
         """The batch ended: it leaves the flights. Returns the seconds it held the device."""
