@@ -9,7 +9,8 @@ engine is that against the engine's docs/s on the same workload (OUT/engine.json
 The records are issue 11's: ``served_docs_s``, ``served_p50_ms_10`` (p50 at 10% of saturation) and
 ``served_p99_ms_80`` (p99 at 80%), one per workload and front-end count; ``floor_p50_ms_10`` is
 the p50 of a bare gRPC server (no scorer code) under the same load tool at that 10% rate, where
-served.sh ran one (``OUT/floor/W``).
+served.sh ran one (``OUT/floor/W``); ``floor_pmqos_p50_ms_10`` the same with the CPUs' idle
+states held shallow (``PMQOS=1``, ``OUT/floor-pmqos/W``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ def _r(ms: float | None) -> str:
     return "-" if ms is None else f"{ms:.1f}"
 
 
+def _floor_p50(floor: Path) -> float | None:
+    """A floor run's p50 (a bare gRPC server at 10%), where one ran."""
+    run = floor / "at-0.1"
+    return _ms(_first_run(run)["latency_seconds"]["p50"]) if run.exists() else None
+
+
 def summary(out: Path, configs: list[str]) -> int:
     engine = {r["workload"]: r for r in json.loads((out / "engine.json").read_text())["records"]}
     records, lines = [], []
@@ -52,8 +59,7 @@ def summary(out: Path, configs: list[str]) -> int:
             sweep = load_report(d / "sweep")
             top, low, high = top_run(sweep), _first_run(d / "at-0.1"), _first_run(d / "at-0.8")
             ref = engine.get(w, {})
-            floor = out / "floor" / w / "at-0.1"
-            floor_p50 = _ms(_first_run(floor)["latency_seconds"]["p50"]) if floor.exists() else None
+            floor_p50 = _floor_p50(out / "floor" / w)
             rec = {
                 "workload": w,
                 "system": f"served-{config}",
@@ -66,6 +72,7 @@ def summary(out: Path, configs: list[str]) -> int:
                 "served_p50_ms_10": _ms(low["latency_seconds"]["p50"]),
                 "served_p99_ms_80": _ms(high["latency_seconds"]["p99"]),
                 "floor_p50_ms_10": floor_p50,
+                "floor_pmqos_p50_ms_10": _floor_p50(out / "floor-pmqos" / w),
                 "lag_p99_ms_80": _ms(high["generator"]["lag_seconds"]["p99"]),
                 "failed_80": high["failed"],
             }
@@ -80,6 +87,10 @@ def summary(out: Path, configs: list[str]) -> int:
                 f" ({_r(rec['engine_idle_spaced_p50_ms'])}) | {_r(floor_p50)} |"
                 f" {rec['lag_p99_ms_80']} |"
             )
+    for w in sorted({r["workload"] for r in records}):
+        pmqos = _floor_p50(out / "floor-pmqos" / w)
+        if pmqos is not None:
+            lines.append(f"\n{w}: bare gRPC p50 @10% with /dev/cpu_dma_latency held at 0: {pmqos} ms")
     by = {(r["system"], r["workload"]): r for r in records}
     for config in configs:
         http, grpc = by.get((f"served-{config}", "A-text-cohere")), by.get((f"served-{config}", "A-text"))

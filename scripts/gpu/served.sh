@@ -19,7 +19,8 @@
 #   SERVE_ARGS (more flags for every server, e.g. "--prefix-cache-mib 0"), FLOOR=0 (no floor run: by default
 #   a bare ScoreDocs server, bench.grpc_floor's, which answers at once with no scorer code, takes the load
 #   tool's calls at 10% of the first configuration's saturation on each token-id workload: the p50 of
-#   gRPC's two stacks and the hosts' wake-ups alone, the floor under "p50 @10%")
+#   gRPC's two stacks and the hosts' wake-ups alone, the floor under "p50 @10%"), PMQOS=1 (the light-load
+#   probe and the floor again with scripts/gpu/hold_pmqos.py holding /dev/cpu_dma_latency at 0: pmqos.log, floor-pmqos/)
 #   -> $OUT/served.json, served.md, engine.json, light_load.json, reports.tgz, server-*.log
 set -euo pipefail
 source scripts/gpu/env.sh
@@ -67,7 +68,7 @@ pack() {  # the device returns a handful of files: the load tool's reports trave
 finish() {
   [ -n "${pid:-}" ] && kill "$pid" 2>/dev/null || true
   pack
-  cd "$OUT" && rm -rf fe*/ floor/
+  cd "$OUT" && rm -rf fe*/ floor/ floor-pmqos/
 }
 trap finish EXIT
 series=$WORKLOADS
@@ -113,6 +114,13 @@ for cfg in $FRONTENDS; do
   # a call's time by stage at light load, one at a time (bench.light_load): where p50 at 10% goes
   [ -f /tmp/A.jsonl ] && taskset -c 0-3 timeout 60 python3 -m bench.light_load --requests /tmp/A.jsonl \
     --gap-ms 0,20 --calls 80 --label "$name" --out "$OUT" || true
+  if [ "${PMQOS:-}" = 1 ] && [ -f /tmp/A.jsonl ]; then  # the same probe with the CPUs' idle states held shallow
+    python3 scripts/gpu/hold_pmqos.py >>"$OUT/pmqos.log" 2>&1 & hold=$!
+    sleep 0.5
+    taskset -c 0-3 timeout 60 python3 -m bench.light_load --requests /tmp/A.jsonl \
+      --gap-ms 0,20 --calls 80 --label "$name-pmqos" --out "$OUT" || true
+    kill $hold; wait $hold 2>/dev/null || true
+  fi
   if [ "${PROFILE:-}" = 1 ] && [ "$cfg" = "${FRONTENDS##* }" ]; then
     pw=${PROFILE_W:-A}
     rate=$(python3 scripts/gpu/served.py share "$OUT/$name/$pw/sweep" 0.9)
@@ -136,6 +144,14 @@ if [ "${FLOOR:-1}" = 1 ]; then
     echo "== floor: a bare gRPC server, $w at $rate calls/s"
     taskset -c 0-3 python3 -m loadtest.run --target 127.0.0.1:50061 --requests "/tmp/$w.jsonl" --rate "$rate" \
       --duration 5 "${COMMON[@]:0:${#COMMON[@]}-2}" --out "$OUT/floor/$w/at-0.1" 2>&1 | grep -v '^report:' || true
+    if [ "${PMQOS:-}" = 1 ]; then
+      python3 scripts/gpu/hold_pmqos.py >>"$OUT/pmqos.log" 2>&1 & hold=$!
+      sleep 0.5
+      echo "== floor with /dev/cpu_dma_latency held at 0: $w at $rate calls/s"
+      taskset -c 0-3 python3 -m loadtest.run --target 127.0.0.1:50061 --requests "/tmp/$w.jsonl" --rate "$rate" \
+        --duration 5 "${COMMON[@]:0:${#COMMON[@]}-2}" --out "$OUT/floor-pmqos/$w/at-0.1" 2>&1 | grep -v '^report:' || true
+      kill $hold; wait $hold 2>/dev/null || true
+    fi
   done
   kill "$pid" && wait "$pid" 2>/dev/null || true
   pid=

@@ -4,7 +4,7 @@
 # serving engine: host launch against the whole call, by gap), the rest archived so that
 # served.md, served.json, light_load.json and engine.json come back as files.
 #   FRONTENDS=4 bash scripts/gpu/served_check.sh     device: carry [".gpu", ".wheels"]
-#   env: as served.sh (GPU_TESTS defaults to 0 here), PROBE=0 (no idle_probe.py)
+#   env: as served.sh (GPU_TESTS defaults to 0 here; PMQOS=1), PROBE=0 (no idle_probe.py)
 set -uo pipefail
 source scripts/gpu/env.sh
 GPU_TESTS="${GPU_TESTS:-0}" bash scripts/gpu/served.sh 2>&1 | tee "$OUT/served.log" | grep -E '^\||^==|saturated|GPU tests'
@@ -13,6 +13,6 @@ if [ "${PROBE:-1}" = 1 ]; then
     || tail -5 "$OUT/idle_probe.log"
   tail -25 "$OUT/idle_probe.log"
 fi
-cd "$OUT" && shopt -s nullglob && tar czf logs.tgz served.log idle_probe.* server-*.log pyspy* profile-load*.log \
-  && rm -f served.log idle_probe.* server-*.log pyspy* profile-load*.log
+cd "$OUT" && shopt -s nullglob && tar czf logs.tgz served.log idle_probe.* server-*.log pyspy* profile-load*.log gpu-tests.xml \
+  && rm -f served.log idle_probe.* server-*.log pyspy* profile-load*.log gpu-tests.xml
 ls "$OUT"
