@@ -235,6 +235,14 @@ class Settings:
         metavar="N|auto",
         check=_count_or_auto,
     )
+    busy_poll_ms: float = setting(
+        0.0,
+        "every process's event loop polls without sleeping for this long after its last I/O, so a"
+        " call or a reply arriving meanwhile is read without a wake-up (a core a process while"
+        " calls keep coming; 0: off)",
+        scopes=(SERVE,),
+        check=at_least(0),
+    )
     engine_process: str = setting(
         "auto",
         "the replica's engine (model, batcher, device work) in a child process of its own, the"

@@ -29,6 +29,7 @@ from ..attention import BackendUnavailable
 from ..engine import Engine
 from ..settings import SERVE, Settings, from_args
 from ..v1 import scorer_pb2
+from . import loops
 from .calls import Inflight, RequestIdFilter
 from .frontends import frontend_count, serve_split
 from .handler import CallHandler
@@ -53,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     configure_logging(settings.log_level)
     try:
-        return asyncio.run(serve(settings))
+        return loops.run(serve(settings), settings.busy_poll_ms / 1e3)
     except CannotListen as e:
         log.error("cannot listen on %s", e)
         return 2

@@ -55,6 +55,7 @@ from ..engine import Engine, EngineInfo, Tokenizing
 from ..models.loader import load_tokenizer
 from ..request import Job
 from ..settings import Settings
+from . import loops
 from .batcher import Closed, Scored
 from .handler import CallHandler
 from .scoring import ScoringService, TokenizingService, freeze_heap
@@ -508,7 +509,7 @@ def frontend_main(settings: Settings, address: str, index: int, parent: int) -> 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the engine decides
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     configure_logging(settings.log_level, f"frontend-{index} ")
-    asyncio.run(_frontend(settings, address, index, parent))
+    loops.run(_frontend(settings, address, index, parent), settings.busy_poll_ms / 1e3)
 
 
 async def _frontend(args: Settings, address: str, index: int, parent: int) -> None:

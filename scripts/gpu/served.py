@@ -56,8 +56,10 @@ def summary(out: Path, configs: list[str]) -> int:
         fe = config.removeprefix("fe").split("-")[0]
         for d in sorted((out / config).iterdir()):
             w = d.name
-            sweep = load_report(d / "sweep")
-            top, low, high = top_run(sweep), _first_run(d / "at-0.1"), _first_run(d / "at-0.8")
+            light = not (d / "sweep").exists()  # served.sh LIGHT=RATE: the light-load run only
+            sweep = None if light else load_report(d / "sweep")
+            low = _first_run(d / "at-0.1")
+            top, high = (None, None) if light else (top_run(sweep), _first_run(d / "at-0.8"))
             ref = engine.get(w, {})
             floor_p50 = _floor_p50(out / "floor" / w)
             rec = {
@@ -67,17 +69,19 @@ def summary(out: Path, configs: list[str]) -> int:
                 "engine_docs_s": ref.get("docs_s") and round(ref["docs_s"], 1),
                 "engine_idle_p50_ms": ref.get("idle_p50_ms"),
                 "engine_idle_spaced_p50_ms": ref.get("idle_spaced_p50_ms"),
-                "served_docs_s": round(top["achieved_docs_per_s"], 1),
-                "served_saturated": any(r["saturation"]["saturated"] for r in sweep["runs"]),
+                "served_docs_s": None if light else round(top["achieved_docs_per_s"], 1),
+                "served_saturated": not light and any(r["saturation"]["saturated"] for r in sweep["runs"]),
                 "served_p50_ms_10": _ms(low["latency_seconds"]["p50"]),
-                "served_p99_ms_80": _ms(high["latency_seconds"]["p99"]),
+                "served_p99_ms_80": None if light else _ms(high["latency_seconds"]["p99"]),
                 "floor_p50_ms_10": floor_p50,
                 "floor_pmqos_p50_ms_10": _floor_p50(out / "floor-pmqos" / w),
-                "lag_p99_ms_80": _ms(high["generator"]["lag_seconds"]["p99"]),
-                "failed_80": high["failed"],
+                "lag_p99_ms_80": None if light else _ms(high["generator"]["lag_seconds"]["p99"]),
+                "failed_80": None if light else high["failed"],
             }
             rec["served_over_engine"] = (
-                round(rec["served_docs_s"] / rec["engine_docs_s"], 3) if rec["engine_docs_s"] else None
+                round(rec["served_docs_s"] / rec["engine_docs_s"], 3)
+                if rec["engine_docs_s"] and rec["served_docs_s"]
+                else None
             )
             records.append(rec)
             lines.append(

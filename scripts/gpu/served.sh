@@ -21,6 +21,8 @@
 #   tool's calls at 10% of the first configuration's saturation on each token-id workload: the p50 of
 #   gRPC's two stacks and the hosts' wake-ups alone, the floor under "p50 @10%"), PMQOS=1 (the light-load
 #   probe and the floor again with scripts/gpu/hold_pmqos.py holding /dev/cpu_dma_latency at 0: pmqos.log, floor-pmqos/)
+#   LIGHT=RATE (light load only: no sweeps, the "10%" runs and the floor at RATE calls/s; with
+#   PROFILE unset; e.g. LIGHT=62 for A on the H200),
 #   -> $OUT/served.json, served.md, engine.json, light_load.json, reports.tgz, server-*.log
 set -euo pipefail
 source scripts/gpu/env.sh
@@ -98,12 +100,18 @@ for cfg in $FRONTENDS; do
     reqs="/tmp/${w%-cohere}.jsonl"
     target=(--target 127.0.0.1:50051)
     [ "$w" = A-text-cohere ] && target=(--api cohere --target 127.0.0.1:8080)
-    echo "== $name (${SERVE_ARGS:-} $extra), $w: sweep ${RATES[$w]}"
-    taskset -c 0-3 python3 -m loadtest.run "${target[@]}" --requests "$reqs" \
-      --sweep "${RATES[$w]}" --duration "$STEP" --stop-when-saturated "${COMMON[@]}" --out "$d/sweep" 2>&1 \
-      | grep -v '^report:' || true
-    for share in 0.1 0.8; do
-      rate=$(python3 scripts/gpu/served.py share "$d/sweep" $share)
+    shares="0.1 0.8"
+    if [ -n "${LIGHT:-}" ]; then
+      echo "== $name (${SERVE_ARGS:-} $extra), $w: $LIGHT calls/s only"
+      shares=0.1
+    else
+      echo "== $name (${SERVE_ARGS:-} $extra), $w: sweep ${RATES[$w]}"
+      taskset -c 0-3 python3 -m loadtest.run "${target[@]}" --requests "$reqs" \
+        --sweep "${RATES[$w]}" --duration "$STEP" --stop-when-saturated "${COMMON[@]}" --out "$d/sweep" 2>&1 \
+        | grep -v '^report:' || true
+    fi
+    for share in $shares; do
+      rate=${LIGHT:-$(python3 scripts/gpu/served.py share "$d/sweep" $share)}
       taskset -c 0-3 python3 -m loadtest.run "${target[@]}" --requests "$reqs" \
         --rate "$rate" --duration 5 "${COMMON[@]}" --out "$d/at-$share" 2>&1 | grep -v '^report:' || true
     done
@@ -140,7 +148,7 @@ if [ "${FLOOR:-1}" = 1 ]; then
   python3 -c "import grpc; grpc.channel_ready_future(grpc.insecure_channel('127.0.0.1:50061')).result(timeout=60)"
   for w in $WORKLOADS; do
     [ "$w" = A-text ] && continue  # the bare server tokenizes nothing: token-id calls only
-    rate=$(python3 scripts/gpu/served.py share "$OUT/${names[0]}/$w/sweep" 0.1)
+    rate=${LIGHT:-$(python3 scripts/gpu/served.py share "$OUT/${names[0]}/$w/sweep" 0.1)}
     echo "== floor: a bare gRPC server, $w at $rate calls/s"
     taskset -c 0-3 python3 -m loadtest.run --target 127.0.0.1:50061 --requests "/tmp/$w.jsonl" --rate "$rate" \
       --duration 5 "${COMMON[@]:0:${#COMMON[@]}-2}" --out "$OUT/floor/$w/at-0.1" 2>&1 | grep -v '^report:' || true

@@ -436,12 +436,13 @@ def test_queued_calls_of_both_front_ends_share_a_batch_and_expired_or_cancelled_
 @pytest.fixture(scope="module")
 def lifecycle(scorer_cache, server_logs):
     """Every forward batch takes LIFECYCLE_FORWARD_S; a call of the default template runs in a
-    batch of its own. test_sigterm_... stops it."""
+    batch of its own. Its processes' loops busy-poll (``--busy-poll-ms``): restarts and the drain
+    work on them too. test_sigterm_... stops it."""
     server = start_split(
         scorer_cache,
         server_logs,
         *("--debug-forward-delay-ms", str(LIFECYCLE_FORWARD_S * 1e3), "--max-wait-ms", "0"),
-        *("--max-batch-tokens", str(LIFECYCLE_BATCH_TOKENS)),
+        *("--max-batch-tokens", str(LIFECYCLE_BATCH_TOKENS), "--busy-poll-ms", "5"),
     )
     yield server
     if server.proc.poll() is None:

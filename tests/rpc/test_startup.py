@@ -96,6 +96,7 @@ def test_a_setting_that_cannot_work_stops_the_server_before_it_starts(scorer_cac
         ("max_batch_tokens", 0, "0 is less than 1"),
         ("max_wait_ms", -0.5, "-0.5 is less than 0"),
         ("loop_path_gaps", -1.0, "-1.0 is less than 0"),
+        ("busy_poll_ms", -1.0, "-1.0 is less than 0"),
         ("cuda_graph_max_tokens", -1, "-1 is less than 0"),
         ("drain_seconds", -1.0, "-1.0 is less than 0"),
         ("grace_seconds", -1.0, "-1.0 is less than 0"),
