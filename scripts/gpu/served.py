@@ -1,6 +1,7 @@
 """The numbers of scripts/gpu/served.sh.
 
     python scripts/gpu/served.py share SWEEP_DIR SHARE     # SHARE x a sweep's saturation, calls/s
+    python scripts/gpu/served.py p50 RUN_DIR     # one run's p50 and p99
     python scripts/gpu/served.py summary OUT CONFIG...  # OUT/served.json, a table (CONFIG: feN, feN-LABEL)
     python scripts/gpu/served.py merge OUT THROUGHPUT_JSON FRONTENDS [RUN]  # into its records (served_run)
 
@@ -139,7 +140,10 @@ def merge(out: Path, throughput: Path, frontends: int, run: str = "") -> int:
 
 if __name__ == "__main__":
     cmd, *rest = sys.argv[1:]
-    if cmd == "share":
+    if cmd == "p50":  # one run's p50 and p99, printed in the log (the reports may not come back)
+        lat = _first_run(Path(rest[0]))["latency_seconds"]
+        print(f"{rest[0]}: p50 {_ms(lat['p50'])} ms, p99 {_ms(lat['p99'])} ms")
+    elif cmd == "share":
         print(share(Path(rest[0]), float(rest[1])))
     elif cmd == "merge":
         sys.exit(merge(Path(rest[0]), Path(rest[1]), int(rest[2]), *rest[3:4]))

@@ -65,7 +65,8 @@ for w in "${!RATES[@]}"; do  # RATES_A, RATES_E, RATES_A_text: one workload's sw
 done
 
 pack() {  # the device returns a handful of files: the load tool's reports travel as one archive
-  (cd "$OUT" && shopt -s nullglob && dirs=(fe*/ floor*/) && [ ${#dirs[@]} -gt 0 ] && tar czf reports.tgz "${dirs[@]}") || true
+  (cd "$OUT" && shopt -s nullglob && dirs=(fe*/ floor*/) && [ ${#dirs[@]} -gt 0 ] \
+    && tar czf reports.tgz.part "${dirs[@]}" && mv reports.tgz.part reports.tgz) || true  # a run cut short keeps the last whole one
 }
 finish() {
   [ -n "${pid:-}" ] && kill "$pid" 2>/dev/null || true
@@ -114,6 +115,7 @@ for cfg in $FRONTENDS; do
       rate=${LIGHT:-$(python3 scripts/gpu/served.py share "$d/sweep" $share)}
       taskset -c 0-3 python3 -m loadtest.run "${target[@]}" --requests "$reqs" \
         --rate "$rate" --duration 5 "${COMMON[@]}" --out "$d/at-$share" 2>&1 | grep -v '^report:' || true
+      python3 scripts/gpu/served.py p50 "$d/at-$share" || true
     done
     python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())' \
       http://127.0.0.1:9464/metrics >"$d/metrics.txt" 2>/dev/null || true  # the server's own counts: batch sizes, stages

@@ -7,7 +7,7 @@
 #   env: as served.sh (GPU_TESTS defaults to 0 here; PMQOS=1), PROBE=0 (no idle_probe.py)
 set -uo pipefail
 source scripts/gpu/env.sh
-GPU_TESTS="${GPU_TESTS:-0}" bash scripts/gpu/served.sh 2>&1 | tee "$OUT/served.log" | grep -E '^\||^==|saturated|GPU tests'
+GPU_TESTS="${GPU_TESTS:-0}" bash scripts/gpu/served.sh 2>&1 | tee "$OUT/served.log" | grep -E '^\||^==|saturated|GPU tests|: p50 '
 if [ "${PROBE:-1}" = 1 ]; then
   python3 scripts/gpu/idle_probe.py /tmp/ckpt/qwen3-0.6b-random /tmp/A.jsonl "$OUT/idle_probe.json" >"$OUT/idle_probe.log" 2>&1 \
     || tail -5 "$OUT/idle_probe.log"
