@@ -214,9 +214,12 @@ def _metrics_http(args: Settings, multiprocess_dir: str | None = None):
         raise CannotListen(f"metrics port {args.host}:{args.metrics_port}: {e.strerror}") from None
 
 
-async def _start_service(args: Settings, signals: _Signals) -> ScoringService | None:
-    """The warm engine's scoring service, started; None when a signal came while loading."""
-    engine = await _load_or_stop(args, signals)
+async def _start_service(
+    args: Settings, signals: _Signals, loading: asyncio.Future[Engine] | None = None
+) -> ScoringService | None:
+    """The warm engine's scoring service, started; None when a signal came while loading.
+    ``loading``: a load started earlier (``loading_engine``), else one starts now."""
+    engine = await _load_or_stop(args, signals, loading)
     if engine is None:
         return None
     service = ScoringService(engine, args.batch_policy(), args.knobs())
@@ -231,9 +234,16 @@ async def _serving(service: ScoringService, signals: _Signals) -> None:
     await signals.stop.wait()
 
 
-async def _load_or_stop(args: Settings, signals: _Signals) -> Engine | None:
-    """Load and warm the model on a thread; None when a signal came first."""
-    loading = asyncio.ensure_future(asyncio.to_thread(ready_engine, args))
+def loading_engine(args: Settings) -> asyncio.Future[Engine]:
+    """Load and warm the model on a thread, from now on."""
+    return asyncio.ensure_future(asyncio.to_thread(ready_engine, args))
+
+
+async def _load_or_stop(
+    args: Settings, signals: _Signals, loading: asyncio.Future[Engine] | None = None
+) -> Engine | None:
+    """The loaded, warm model (``loading``'s, or a load started now); None when a signal came first."""
+    loading = loading or loading_engine(args)
     stopping = asyncio.ensure_future(signals.stop.wait())
     await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
     stopping.cancel()

@@ -8,7 +8,8 @@ them and sends each one's ``Scored`` back. So parsing, tokenizing and answering 
 cores than the thread that plans and launches batches, and scale with N (SGLang's
 TokenizerManager and Scheduler, vLLM's API server and EngineCore, split the same way).
 
-The engine process drives the lifecycle. Front ends start with health NOT_SERVING and calls
+The engine process drives the lifecycle. It loads its model while the front ends start (their
+imports take about as long). Front ends start with health NOT_SERVING and calls
 answered UNAVAILABLE; once the model is warm each one takes the engine's ``EngineInfo`` and
 tokenizes as the engine would, and when all have it, health turns SERVING everywhere. On SIGTERM
 health turns NOT_SERVING, calls are still served for ``--drain-seconds``, then the front ends stop
@@ -371,12 +372,12 @@ def reserve_port(host: str, port: int) -> socket.socket:
 
 async def serve_split(args: Settings, signals, n: int) -> int:
     """``scorer serve`` with ``n`` front-end processes (see the module's doc)."""
-    from .app import CannotListen, _drain, _metrics_http, _serving, _start_service
+    from .app import CannotListen, _drain, _metrics_http, _serving, _start_service, loading_engine
 
     mp_dir = tempfile.mkdtemp(prefix="scorer-")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = mp_dir  # the front ends', spawned after this
     reserved: list[socket.socket] = []
-    metrics_http = link = fronts = service = None
+    metrics_http = link = fronts = service = loading = None
     try:
         metrics_http = _metrics_http(args, mp_dir)
         ports = {}
@@ -391,6 +392,7 @@ async def serve_split(args: Settings, signals, n: int) -> int:
         address = os.path.join(mp_dir, "engine.sock")
         link = EngineLink(address, n)
         await link.start()
+        loading = loading_engine(args)  # while the front ends start: their imports take as long as the load
         fronts = Frontends(args, address, link, n)
         await fronts.wait_up()
         for sock in reserved:
@@ -404,7 +406,7 @@ async def serve_split(args: Settings, signals, n: int) -> int:
             f", HTTP rerank on port {args.http_port}" if args.http_port else "",
             args.metrics_port or "off",
         )
-        service = await _start_service(args, signals)
+        service = await _start_service(args, signals, loading)
         if service is not None:
             link.serve(service)
             await link.all_ready.wait()
@@ -417,6 +419,8 @@ async def serve_split(args: Settings, signals, n: int) -> int:
     finally:
         for sock in reserved:
             sock.close()
+        if loading is not None and not loading.done():
+            loading.cancel()  # a front end could not start: the load's thread runs out, its result unread
         if fronts is not None:
             await fronts.stop(0)
         if service is not None:
