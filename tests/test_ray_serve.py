@@ -120,17 +120,25 @@ def test_each_call_logs_its_line_to_the_replica_workers_stderr_file(ray_scorer):
 
 @pytest.mark.slow
 def test_concurrent_calls_share_a_forward_and_keep_their_own_scores(ray_scorer, engine):
+    """The calls queue behind a long one (400 docs, ~0.3 s on this CPU) and share its next forward:
+    sent without it, an idle replica launches each call at once, and on a loaded host each could
+    finish before the next arrives (CI saw 8 calls in 8 batches)."""
     schemes = ("naive", "ragged", "cascade", "multi_item") * 2
+    long_call = pb.ScoreDocsRequest(
+        prompt=PROMPT, docs=[pb.Doc(id=str(i), text=DOCS[0][1] * 4) for i in range(400)]
+    )
     before = _batch_counts(ray_scorer)
 
+    busy = ray_scorer.stub().ScoreDocs.future(long_call, timeout=60)
     futures = [ray_scorer.stub().ScoreDocs.future(_request(s), timeout=30) for s in schemes]
     replies = [f.result() for f in futures]
 
+    assert len(busy.result().results) == len(long_call.docs)
     for scheme, reply in zip(schemes, replies, strict=True):
         assert reply.scheme == scheme
         assert [r.score for r in reply.results] == pytest.approx(_solo(engine, scheme), abs=TOLERANCE)
     calls, batches = (after - start for after, start in zip(_batch_counts(ray_scorer), before, strict=True))
-    assert calls == len(schemes)
+    assert calls == len(schemes) + 1
     assert batches < calls
 
 
