@@ -4,9 +4,18 @@
 # serving engine: host launch against the whole call, by gap), the rest archived so that
 # served.md, served.json, light_load.json and engine.json come back as files.
 #   FRONTENDS=4 bash scripts/gpu/served_check.sh     device: carry [".gpu", ".wheels"]
-#   env: as served.sh (GPU_TESTS defaults to 0 here; PMQOS=1), PROBE=0 (no idle_probe.py)
+#   env: as served.sh (GPU_TESTS defaults to 0 here; PMQOS=1), PROBE=0 (no idle_probe.py), HITS=1
+#   (scripts/gpu/hit_probe.py first: small A batches by what the prefix cache does with their prompts)
 set -uo pipefail
 source scripts/gpu/env.sh
+if [ "${HITS:-}" = 1 ]; then  # first: a call cut at its limit still brings it back
+  random_checkpoint /tmp/ckpt/qwen3-0.6b-random
+  python3 -m loadtest.gen --out /tmp/A-hits.jsonl --requests 800 --seed 3 --docs 10 --prompt-tokens 300 \
+    --doc-tokens fixed:50 --token-ids --template plain >/dev/null
+  timeout 240 python3 scripts/gpu/hit_probe.py /tmp/ckpt/qwen3-0.6b-random /tmp/A-hits.jsonl "$OUT/hit_probe.json" \
+    >"$OUT/hit_probe.log" 2>&1 || tail -5 "$OUT/hit_probe.log"
+  tail -9 "$OUT/hit_probe.log"
+fi
 GPU_TESTS="${GPU_TESTS:-0}" bash scripts/gpu/served.sh 2>&1 | tee "$OUT/served.log" | grep -E '^\||^==|saturated|GPU tests|: p50 '
 if [ "${PROBE:-1}" = 1 ]; then
   python3 scripts/gpu/idle_probe.py /tmp/ckpt/qwen3-0.6b-random /tmp/A.jsonl "$OUT/idle_probe.json" >"$OUT/idle_probe.log" 2>&1 \
