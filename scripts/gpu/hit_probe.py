@@ -4,10 +4,13 @@ prefix cache does with their prompts, side by side on one engine: ``off`` (the c
 writes the pool), ``hit`` (its third: the prompt's K/V read from the pool). For each group of
 ``b`` calls with prompts of their own the four run in turn, each after a gap of 0 or 20 ms; medians
 of the launch (host) and the whole batch, ms. Is a hit cheaper than computing the prompt for the
-batches a lightly loaded server runs?
-    python3 scripts/gpu/hit_probe.py CKPT A.jsonl OUT.json [GROUPS]"""
+batches a lightly loaded server runs? Each file of calls is probed in turn (text calls with the
+reranker template share its head: there ``first`` and ``write`` read those blocks too, ``off`` does
+not).
+    python3 scripts/gpu/hit_probe.py CKPT OUT.json CALLS.jsonl [CALLS.jsonl ...]   (env HIT_GROUPS, default 25)"""
 
 import json
+import os
 import statistics
 import sys
 import time
@@ -21,11 +24,10 @@ from scorer.server.convert import request_from_proto
 from scorer.server.scoring import ready_engine
 from scorer.settings import Settings
 
-ckpt, reqs_path, out = sys.argv[1:4]
-groups = int(sys.argv[4]) if len(sys.argv) > 4 else 25
+ckpt, out, *files = sys.argv[1:]
+groups = int(os.environ.get("HIT_GROUPS", "25"))
 engine = ready_engine(Settings(model=ckpt or None))
 assert engine.cache is not None, "the prefix cache is off in this engine's settings"
-reqs = [request_from_proto(r, str(i)) for i, r in enumerate(read_jsonl(Path(reqs_path)))]
 MODES = ("off", "first", "write", "hit")
 
 
@@ -43,36 +45,49 @@ def timed(batch, gap: float) -> tuple[float, float, int]:
     return (t1 - t0) * 1e3, (t2 - t0) * 1e3, cached
 
 
+def probe(calls: str, reqs: list) -> list[dict]:
+    engine.cache.clear()
+    rows, start = [], 0
+    for b in (1, 2, 4, 8):
+        for gap in (0.0, 0.02):
+            got = {m: ([], [], []) for m in MODES}
+            for _ in range(groups):
+                batch, start = reqs[start : start + b], start + b
+                assert len(batch) == b, "not enough calls in the file"
+                off = [replace(r, options=replace(r.options, prefix_cache="off")) for r in batch]
+                for mode, sent in zip(MODES, (off, batch, batch, batch), strict=True):
+                    for acc, v in zip(got[mode], timed(sent, gap), strict=True):
+                        acc.append(v)
+            for mode in MODES:
+                launch, whole, cached = got[mode]
+                row = dict(
+                    calls=calls,
+                    batch=b,
+                    gap_ms=gap * 1e3,
+                    mode=mode,
+                    launch_ms=round(statistics.median(launch), 3),
+                    total_ms=round(statistics.median(whole), 3),
+                    cached_tokens=statistics.median(cached),
+                )
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+    return rows
+
+
 rows = []
-start = 0
-for b in (1, 2, 4, 8):
-    for gap in (0.0, 0.02):
-        got = {m: ([], [], []) for m in MODES}
-        for _ in range(groups):
-            batch, start = reqs[start : start + b], start + b
-            assert len(batch) == b, "not enough calls in the file"
-            off = [replace(r, options=replace(r.options, prefix_cache="off")) for r in batch]
-            for mode, calls in zip(MODES, (off, batch, batch, batch), strict=True):
-                for acc, v in zip(got[mode], timed(calls, gap), strict=True):
-                    acc.append(v)
-        for mode in MODES:
-            launch, whole, cached = got[mode]
-            row = dict(
-                batch=b,
-                gap_ms=gap * 1e3,
-                mode=mode,
-                launch_ms=round(statistics.median(launch), 3),
-                total_ms=round(statistics.median(whole), 3),
-                cached_tokens=statistics.median(cached),
-            )
-            print(json.dumps(row), flush=True)
-            rows.append(row)
-print(f"{'b':>2} {'gap':>4} " + " ".join(f"{m + ' ms':>14}" for m in MODES) + "   (launch / whole)")
+for path in files:
+    reqs = [request_from_proto(r, str(i)) for i, r in enumerate(read_jsonl(Path(path)))]
+    rows += probe(Path(path).stem, reqs)
+print(
+    f"{'calls':>14} {'b':>2} {'gap':>4} "
+    + " ".join(f"{m + ' ms':>14}" for m in MODES)
+    + "   (launch / whole)"
+)
 for i in range(0, len(rows), len(MODES)):
     r = rows[i : i + len(MODES)]
     print(
-        f"{r[0]['batch']:>2} {r[0]['gap_ms']:>4.0f} "
+        f"{r[0]['calls']:>14} {r[0]['batch']:>2} {r[0]['gap_ms']:>4.0f} "
         + " ".join(f"{x['launch_ms']:>6.2f}/{x['total_ms']:>6.2f}" for x in r)
-        + f"   hit read {r[3]['cached_tokens']:.0f} tokens"
+        + f"   read {r[1]['cached_tokens']:.0f} / {r[3]['cached_tokens']:.0f} tokens (first / hit)"
     )
 Path(out).write_text(json.dumps(rows, indent=1))
