@@ -21,6 +21,7 @@
 #   tool's calls at 10% of the first configuration's saturation on each token-id workload: the p50 of
 #   gRPC's two stacks and the hosts' wake-ups alone, the floor under "p50 @10%"), PMQOS=1 (the light-load
 #   probe and the floor again with scripts/gpu/hold_pmqos.py holding /dev/cpu_dma_latency at 0: pmqos.log, floor-pmqos/)
+#   CHANNELS (the load tool's connections, default 4: SO_REUSEPORT puts them on 2-3 of 4 front ends, README),
 #   LIGHT=RATE (light load only: no sweeps, the "10%" runs and the floor at RATE calls/s; with
 #   PROFILE unset; e.g. LIGHT=62 for A on the H200),
 #   -> $OUT/served.json, served.md, engine.json, light_load.json, reports.tgz, server-*.log
@@ -76,7 +77,7 @@ finish() {
 trap finish EXIT
 series=$WORKLOADS
 [ "${HTTP:-}" = 1 ] && series="$series A-text-cohere"
-COMMON=(--schemes auto --warmup 1 --pause 1 --deadline-ms 2000 --channels 4 --quiet --no-samples
+COMMON=(--schemes auto --warmup 1 --pause 1 --deadline-ms 2000 --channels "${CHANNELS:-4}" --quiet --no-samples
   --metrics-url http://127.0.0.1:9464/metrics)
 names=()
 for cfg in $FRONTENDS; do
