@@ -9,7 +9,7 @@
 #      cores 4-15, the load tool on 0-3, an open-loop sweep per workload (A and E as token ids with
 #      template plain, A-text as the load tool's text calls with the reranker template), then 10%
 #      and 80% of each sweep's saturation for p50 and p99.
-#   bash scripts/gpu/served.sh      device: carry [".gpu", ".wheels"]
+#   bash scripts/gpu/served.sh      device: carry [".gpu"] (and ".wheels" with HTTP=1 or PROFILE=1)
 #   env: GPU_TESTS=1 (scripts/gpu/test.sh first), FRONTENDS, WORKLOADS (default "A E A-text"), REQUESTS (calls
 #   in each workload's file, default 4000: the load tool cycles through it, so prompts repeat), STEP (seconds per rate, default 5), PROFILE=1
 #   (py-spy on the last configuration's server at 90% of PROFILE_W's saturation, default A: pyspy-top.txt), HTTP=1 (the
@@ -27,7 +27,9 @@
 #   -> $OUT/served.json, served.md, engine.json, light_load.json, reports.tgz, server-*.log
 set -euo pipefail
 source scripts/gpu/env.sh
-use_wheels
+# the HTTP stack and py-spy (.wheels): only for HTTP=1 and PROFILE=1; the gRPC server and the load
+# tool's gRPC client import none of it, and the tree with .gpu and .wheels outgrew a call's 64 MiB
+if [ "${HTTP:-}" = 1 ] || [ "${PROFILE:-}" = 1 ]; then use_wheels; fi
 [ "${GPU_TESTS:-}" = 1 ] && { bash scripts/gpu/test.sh >/dev/null || echo "GPU tests failed" >&2; tail -1 "$OUT/gpu-tests.log"; }
 FRONTENDS="${FRONTENDS:-0 4}"
 WORKLOADS="${WORKLOADS:-A E A-text}"

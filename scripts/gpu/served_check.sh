@@ -3,7 +3,7 @@
 # gRPC floor at 10%), then scripts/gpu/idle_probe.py on the same checkpoint (one A call on the
 # serving engine: host launch against the whole call, by gap), the rest archived so that
 # served.md, served.json, light_load.json and engine.json come back as files.
-#   FRONTENDS=4 bash scripts/gpu/served_check.sh     device: carry [".gpu", ".wheels"]
+#   FRONTENDS=4 bash scripts/gpu/served_check.sh     device: carry [".gpu"] (".wheels" too: as served.sh)
 #   env: as served.sh (GPU_TESTS defaults to 0 here; PMQOS=1), PROBE=0 (no idle_probe.py), HITS=1
 #   (scripts/gpu/hit_probe.py first: small A batches by what the prefix cache does with their prompts)
 set -uo pipefail
