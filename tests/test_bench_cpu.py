@@ -1,6 +1,7 @@
 """The CPU benchmarks run and report every stage (their numbers are in bench/RESULTS.md)."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -193,6 +194,31 @@ def test_grpc_floor_times_a_bare_server_at_each_gap(tmp_path, capsys, server):
     assert [(r["server"], r["gap_ms"]) for r in records] == [(server, 0.0), (server, 5.0)]
     assert all(0 < r["p50_ms"] < 1000 for r in records)
     assert f"| grpc {server} | grpc aio | 5 |" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")
+def test_reuseport_spread_counts_each_connection_by_the_process_holding_it(tmp_path, capsys):
+    """bench.reuseport_spread against a server in this process: every channel is a connection of
+    its own, all held by this one process, in every trial."""
+    from concurrent import futures
+
+    import grpc
+    from grpc_health.v1 import health, health_pb2_grpc
+
+    from bench import reuseport_spread
+
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        out = tmp_path / "spread.json"
+        reuseport_spread.main(["--target", f"127.0.0.1:{port}", "--channels", "3", "--trials", "2",
+                               "--out", str(out)])  # fmt: skip
+    finally:
+        server.stop(None)
+    assert json.loads(out.read_text()) == {"channels": 3, "trials": 2, "busiest": {"3": 2}}
+    assert "| 3 | 2 |" in capsys.readouterr().out
 
 
 def test_the_busy_poll_selector_still_waits_out_its_timeout_and_sleeps_when_idle():
