@@ -6,8 +6,8 @@ writes the pool), ``hit`` (its third: the prompt's K/V read from the pool). For 
 of the launch (host) and the whole batch, ms. Is a hit cheaper than computing the prompt for the
 batches a lightly loaded server runs? Each file of calls is probed in turn (text calls with the
 reranker template share its head: there ``first`` and ``write`` read those blocks too, ``off`` does
-not).
-    python3 scripts/gpu/hit_probe.py CKPT OUT.json CALLS.jsonl [CALLS.jsonl ...]   (env HIT_GROUPS, default 25)"""
+not). Groups of calls per batch size and gap: env HIT_GROUPS (default 25).
+    python3 scripts/gpu/hit_probe.py CKPT OUT.json CALLS.jsonl [CALLS.jsonl ...]"""
 
 import json
 import os
