@@ -9,6 +9,12 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.used -
 
 source scripts/gpu/checkpoint.sh  # random_checkpoint
 
+# the load tool's workloads of issue 11's benchmarks: A and E as token ids with template plain, A-text
+# as text calls with the reranker template
+declare -A GEN=([A]="--docs 10 --prompt-tokens 300 --doc-tokens fixed:50 --token-ids --template plain"
+  [E]="--docs 20 --prompt-tokens 200 --doc-tokens fixed:60 --token-ids --template plain"
+  [A-text]="--docs 10 --prompt-tokens 300 --doc-tokens fixed:50")
+
 use_wheels() {  # the wheels of .wheels/ (scripts/gpu/wheels.sh; carry .wheels) installed under /tmp, first on the path
   ls .wheels/*.whl >/dev/null || { echo "no .wheels/: run bash scripts/gpu/wheels.sh and carry .wheels" >&2; exit 1; }
   rm -rf /tmp/wheels && python3 -m pip install -q --no-index --no-deps --target /tmp/wheels .wheels/*.whl

@@ -40,9 +40,6 @@ random_checkpoint "$CKPT"
 # with 5% steps E's capacity lay between 0.86 and 0.90 of its engine's)
 declare -A RATES=([A]="530,550,570,590,610,630" [E]="315,325,335,345,355,365,375"
   [A-text]="430,450,470,490,510,530" [A-text-cohere]="430,450,470,490,510,530")
-declare -A GEN=([A]="--docs 10 --prompt-tokens 300 --doc-tokens fixed:50 --token-ids --template plain"
-  [E]="--docs 20 --prompt-tokens 200 --doc-tokens fixed:60 --token-ids --template plain"
-  [A-text]="--docs 10 --prompt-tokens 300 --doc-tokens fixed:50")
 for w in $WORKLOADS; do
   # shellcheck disable=SC2086
   python3 -m loadtest.gen --out "/tmp/$w.jsonl" --requests "${REQUESTS:-4000}" --seed 1 ${GEN[$w]} >/dev/null

@@ -10,10 +10,10 @@ set -uo pipefail
 source scripts/gpu/env.sh
 if [ "${HITS:-}" = 1 ]; then  # first: a call cut at its limit still brings it back
   random_checkpoint /tmp/ckpt/qwen3-0.6b-random && mkdir -p /tmp/hits
-  python3 -m loadtest.gen --out /tmp/hits/A.jsonl --requests 800 --seed 3 --docs 10 --prompt-tokens 300 \
-    --doc-tokens fixed:50 --token-ids --template plain >/dev/null
-  python3 -m loadtest.gen --out /tmp/hits/A-text.jsonl --requests 800 --seed 3 --docs 10 --prompt-tokens 300 \
-    --doc-tokens fixed:50 >/dev/null
+  for w in A A-text; do
+    # shellcheck disable=SC2086
+    python3 -m loadtest.gen --out "/tmp/hits/$w.jsonl" --requests 800 --seed 3 ${GEN[$w]} >/dev/null
+  done
   timeout 240 python3 scripts/gpu/hit_probe.py /tmp/ckpt/qwen3-0.6b-random "$OUT/hit_probe.json" /tmp/hits/A.jsonl \
     /tmp/hits/A-text.jsonl >"$OUT/hit_probe.log" 2>&1 || tail -5 "$OUT/hit_probe.log"
   tail -17 "$OUT/hit_probe.log"
