@@ -78,6 +78,8 @@ class EngineInfo:
     vocab_size: int
     backend: str  # the attention backend and device type: ``auto``'s policy
     device_type: str
+    device: str = ""  # the model's device, e.g. ``cuda:0``
+    max_batch_tokens: int = 0  # the serving batcher's (0: no batcher, an engine alone)
 
 
 class Tokenizing:
@@ -153,6 +155,7 @@ class Engine(Tokenizing):
             mc.vocab_size,
             runner.backend.name,
             runner.device.type,
+            str(runner.device),
         )
         super().__init__(tokenizer, info)
         self.runner = runner

@@ -168,7 +168,7 @@ class EngineLink:
 
     def serve(self, service: ScoringService) -> None:
         """The model is warm: every front end gets its EngineInfo (and acknowledges it)."""
-        self.service, self.info = service, service.engine.info
+        self.service, self.info = service, service.info
         for ident in self._everyone():
             self._send(ident, "ready", self.info)
 

@@ -389,15 +389,15 @@ def build_app(
 
 
 def _info(handler: CallHandler) -> dict:
-    engine = handler.service.engine
-    limits = engine.limits
+    """The same in a front-end process, which has the engine's EngineInfo and no model."""
+    info, limits = handler.service.info, handler.service.engine.limits
     template = TEMPLATES[ScoreOptions.template]
     versions = {p: _version(p) for p in ("scorer", "torch", "transformers", "fastapi", "uvicorn")}
     return {
-        "model_id": engine.model_name,  # TEI's names first
+        "model_id": info.model_name,  # TEI's names first
         "max_client_batch_size": limits.max_docs,
         "max_input_length": limits.max_doc_tokens,
-        "max_batch_tokens": handler.service.batcher.policy.max_batch_tokens,
+        "max_batch_tokens": info.max_batch_tokens,
         "auto_truncate": False,
         "version": versions["scorer"],
         "template": template.name,
@@ -405,8 +405,8 @@ def _info(handler: CallHandler) -> dict:
         "limits": dataclasses.asdict(limits),
         "schemes": list(names()),
         "apis": {shape.api: path for path, shape in SHAPES.items()},
-        "attention_backend": engine.runner.backend.name,
-        "device": str(engine.runner.device),
+        "attention_backend": info.backend,
+        "device": info.device,
         "versions": versions,
     }
 

@@ -14,11 +14,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import torch
 
 from .. import metrics
-from ..engine import Engine, ScoreResult, Tokenizing
+from ..engine import Engine, EngineInfo, ScoreResult, Tokenizing
 from ..planning import REGISTRY
 from ..request import Doc, Job, ScoreOptions, ScoreRequest
 from .batcher import Batcher, BatchPolicy, Scored, ScoreFn
@@ -53,6 +54,11 @@ class TokenizingService:
 
     async def close(self) -> None:
         self._tokenizers.shutdown(wait=True)
+
+    @property
+    def info(self) -> EngineInfo:
+        """The engine being served (what /info reports), the same in a front-end process."""
+        return self.engine.info
 
     async def tokenize(self, req: ScoreRequest) -> tuple[Job, float]:
         """Validate, tokenize and resolve on a tokenizer thread; raises InvalidInput naming the
@@ -91,6 +97,10 @@ class ScoringService(TokenizingService):
             log.warning("test knobs active: %s", knobs)
             score = with_faults(score, knobs)
         self.batcher = Batcher(score, policy)
+
+    @property
+    def info(self) -> EngineInfo:
+        return replace(self.engine.info, max_batch_tokens=self.batcher.policy.max_batch_tokens)
 
     def start(self) -> None:
         self.batcher.start()

@@ -38,6 +38,7 @@ from loadtest import metrics as lm
 from scorer.server.batcher import Closed, Dropped, OutOfMemory, QueueFull
 from scorer.server.frontends import _portable
 from scorer.server.handler import status_for
+from scorer.settings import Settings
 from scorer.v1 import scorer_pb2 as pb
 from scorer.v1 import scorer_pb2_grpc
 
@@ -360,6 +361,19 @@ def test_http_through_the_front_ends_scores_as_grpc_and_health_is_200(split):
         cohere_before + 4
     )
     assert set(served_by(split, [f"fe-http-{i}" for i in range(4)]).values()) <= set(FRONTENDS)
+
+
+def test_info_through_the_front_ends_names_the_engine_processs_model_and_batcher(split):
+    """A front end has no model and no batcher: /info reports the engine process's."""
+    reply = split.stub().ScoreDocs(pb.ScoreDocsRequest(prompt=QUERY, docs=[pb.Doc(text="a")]), timeout=60)
+    for _ in range(4):  # a connection each: both front ends, likely
+        info = httpx.get(f"{http_url(split)}/info", timeout=10)
+        assert info.status_code == 200, info.text
+        info = info.json()
+        assert info["model_id"] == reply.model
+        assert info["max_batch_tokens"] == Settings().max_batch_tokens
+        assert (info["attention_backend"], info["device"]) == ("torch", "cpu")
+        assert info["limits"]["max_docs"] == 64  # MAIN_SERVER_ARGS
 
 
 # A slow forward: calls wait in the engine's queue
