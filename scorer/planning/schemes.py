@@ -10,6 +10,7 @@ names schemes. The worked example of the article (P = 96, two items of 4 tokens)
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -127,6 +128,20 @@ def get(name: str) -> Scheme:
 def names() -> tuple[str, ...]:
     """Every name a request may ask for: ``auto`` and the registered schemes."""
     return (AUTO, *REGISTRY)
+
+
+def plugin_modules() -> tuple[str, ...]:
+    """The modules outside this one whose planners are registered here: what a process spawned
+    by this one (a front end, an engine process) imports first to know the same schemes. A
+    script's own (``__main__``) is the spawn's to run again."""
+    own = {__name__, "__main__", "__mp_main__"}
+    return tuple(sorted({s.plan.__module__ for s in REGISTRY.values()} - own))
+
+
+def import_plugins(modules: Sequence[str]) -> None:
+    """Register the schemes of ``modules`` (``plugin_modules`` of the spawning process)."""
+    for module in modules:
+        importlib.import_module(module)
 
 
 class _Rows:

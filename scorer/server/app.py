@@ -195,13 +195,17 @@ async def _start_http(
     except OSError as e:
         raise CannotListen(f"HTTP port {args.host}:{args.http_port}: {e.strerror}") from None
     if not quiet:
-        log.info(
-            "HTTP rerank on http://%s:%d (Cohere /v2/rerank, Jina /v1/rerank, TEI /rerank)%s",
-            args.host,
-            http.port,
-            "; API key required" if args.api_key else "",
-        )
+        log_http(args, http.port)
     return http
+
+
+def log_http(args: Settings, port: int) -> None:
+    log.info(
+        "HTTP rerank on http://%s:%d (Cohere /v2/rerank, Jina /v1/rerank, TEI /rerank)%s",
+        args.host,
+        port,
+        "; API key required" if args.api_key else "",
+    )
 
 
 def _metrics_http(args: Settings, multiprocess_dir: str | None = None):

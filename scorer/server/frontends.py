@@ -54,6 +54,7 @@ from grpc_health.v1.health import aio as health_aio
 from .. import metrics
 from ..engine import Engine, EngineInfo, Tokenizing
 from ..models.loader import load_tokenizer
+from ..planning.schemes import import_plugins, plugin_modules
 from ..request import Job
 from ..settings import Settings
 from . import loops
@@ -283,7 +284,7 @@ class Frontends:
     def _spawn(self, index: int) -> multiprocessing.Process:
         proc = self.ctx.Process(
             target=frontend_main,
-            args=(self.settings, self.address, index, os.getpid()),
+            args=(self.settings, self.address, index, os.getpid(), plugin_modules()),
             name=f"frontend-{index}",
             daemon=True,
         )
@@ -372,7 +373,7 @@ def reserve_port(host: str, port: int) -> socket.socket:
 
 async def serve_split(args: Settings, signals, n: int) -> int:
     """``scorer serve`` with ``n`` front-end processes (see the module's doc)."""
-    from .app import CannotListen, _drain, _metrics_http, _serving, _start_service, loading_engine
+    from .app import CannotListen, _drain, _metrics_http, _serving, _start_service, loading_engine, log_http
 
     mp_dir = tempfile.mkdtemp(prefix="scorer-")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = mp_dir  # the front ends', spawned after this
@@ -398,14 +399,15 @@ async def serve_split(args: Settings, signals, n: int) -> int:
         for sock in reserved:
             sock.close()
         log.info(
-            "listening on %s:%d (%s) in %d front-end processes%s; metrics on port %s",
+            "listening on %s:%d (%s) in %d front-end processes; metrics on port %s",
             args.host,
             args.port,
             "TLS" if args.tls_cert else "plaintext",
             n,
-            f", HTTP rerank on port {args.http_port}" if args.http_port else "",
             args.metrics_port or "off",
         )
+        if args.http_port:
+            log_http(args, args.http_port)
         service = await _start_service(args, signals, loading)
         if service is not None:
             link.serve(service)
@@ -505,10 +507,12 @@ class RemoteScoring(TokenizingService):
         return await self.link.score(job, deadline, request_id)
 
 
-def frontend_main(settings: Settings, address: str, index: int, parent: int) -> None:
-    """A front-end process (``multiprocessing``'s target): the engine process's signals drive it."""
+def frontend_main(settings: Settings, address: str, index: int, parent: int, plugins=()) -> None:
+    """A front-end process (``multiprocessing``'s target): the engine process's signals drive it;
+    ``plugins``: the engine process's scheme modules (``plugin_modules``)."""
     from .app import configure_logging
 
+    import_plugins(plugins)
     torch.set_num_threads(1)  # tokenizing needs none of torch's threads; they would only contend
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the engine decides
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -611,7 +615,10 @@ class EngineProcess:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = self.dir  # the child's, from its first import on
         try:
             self.proc = multiprocessing.get_context("spawn").Process(
-                target=engine_main, args=(settings, self.path), name="scorer-engine", daemon=True
+                target=engine_main,
+                args=(settings, self.path, plugin_modules()),
+                name="scorer-engine",
+                daemon=True,
             )
             self.spawned = time.monotonic()
             self.proc.start()
@@ -679,10 +686,12 @@ async def attach(link: FrontLink, settings: Settings, check: Callable[[], None])
     return service
 
 
-def engine_main(settings: Settings, path: str) -> None:
-    """The child of ``EngineProcess`` (``multiprocessing``'s target)."""
+def engine_main(settings: Settings, path: str, plugins=()) -> None:
+    """The child of ``EngineProcess`` (``multiprocessing``'s target); ``plugins`` as a front
+    end's."""
     from .app import configure_logging
 
+    import_plugins(plugins)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # its front end decides when it stops
     configure_logging(settings.log_level, "engine ")
     asyncio.run(_engine_for_one(settings, path))

@@ -10,9 +10,11 @@ from scorer.request import Doc, ScoreOptions, ScoreRequest
 from scorer.v1 import scorer_pb2 as pb
 
 
-@pytest.fixture(scope="module")
-def toy_server(scorer_cache, server_logs):
-    proc = start_server(scorer_cache, server_logs, ("--max-wait-ms", "5"), preload=["toy_scheme"])
+@pytest.fixture(scope="module", params=["0", "2"], ids=["one-process", "front-ends"])
+def toy_server(request, scorer_cache, server_logs):
+    """The server imports the module first; its front-end processes, spawned, import it too."""
+    args = ("--max-wait-ms", "5", "--frontends", request.param)
+    proc = start_server(scorer_cache, server_logs, args, preload=["toy_scheme"])
     yield proc
     assert proc.stop() == 0, proc.log()
 
