@@ -31,8 +31,10 @@ lint: setup proto-check
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# tests/rpc again against servers with two front-end processes: a GPU machine's default split
 test: setup lint
 	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q
+	SCORER_TEST_SERVER_ARGS="--frontends 2" $(PY) -m pytest -q tests/rpc --ignore=tests/rpc/test_frontends.py
 
 score: setup
 	$(VENV)/bin/scorer score --prompt "what is a shared prefix" --docs examples/docs.jsonl

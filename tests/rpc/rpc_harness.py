@@ -21,6 +21,9 @@ from scorer.v1 import scorer_pb2_grpc
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 120.0
+SERVER_ARGS = os.environ.get("SCORER_TEST_SERVER_ARGS", "").split()
+"""Appended to every test server's arguments: ``make test`` runs tests/rpc once more with
+``--frontends 2``, the split server a GPU machine runs by default."""
 CLIENT_OPTIONS = [("grpc.max_receive_message_length", 256 * 2**20)]
 
 
@@ -109,7 +112,7 @@ def start_server(
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), env.get("PYTHONPATH", "")])
     with log_path.open("wb") as log_file:
         proc = subprocess.Popen(
-            [*cmd, "--drain-seconds", "0", *args],
+            [*cmd, "--drain-seconds", "0", *args, *SERVER_ARGS],
             cwd=REPO,
             env=env,
             stdout=log_file,
