@@ -119,7 +119,14 @@ FRONTEND_RESTARTS = Counter(
 )
 PREFIX_CACHE_HIT_TOKENS = Counter(
     "scorer_prefix_cache_hit_tokens_total",
-    "Prompt tokens whose K/V a batch read from the prefix cache instead of computing them.",
+    "Prompt tokens whose K/V the prefix cache held for a batch: read instead of computed, unless the"
+    " batch declined them (scorer_prefix_cache_declined_tokens_total).",
+    registry=REGISTRY,
+)
+PREFIX_CACHE_DECLINED_TOKENS = Counter(
+    "scorer_prefix_cache_declined_tokens_total",
+    "Prompt tokens the prefix cache held that a batch computed anyway: its reads would have saved"
+    " fewer rows than --prefix-cache-min-read, which the pool's paged reads cost more than.",
     registry=REGISTRY,
 )
 PREFIX_CACHE_LOOKUP_TOKENS = Counter(

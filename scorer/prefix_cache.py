@@ -152,7 +152,9 @@ class PrefixCache:
         self._seen: OrderedDict[int, None] = OrderedDict()  # hashes of block chains seen once
         self.seen_limit = min(SEEN, capacity // block)  # the pool's reach, in blocks
         self._lock = threading.RLock()
-        self.stats = {"hit_tokens": 0, "lookup_tokens": 0, "evictions": 0, "off_pool_batches": 0}
+        self.stats = dict.fromkeys(
+            ("hit_tokens", "lookup_tokens", "declined_tokens", "evictions", "off_pool_batches"), 0
+        )
         metrics.PREFIX_CACHE_BYTES.labels(kind="capacity").set(capacity * self.slot_bytes)
         self._report()
 
@@ -246,6 +248,12 @@ class PrefixCache:
             metrics.PREFIX_CACHE_LOOKUP_TOKENS.inc(lookup_tokens)
             self._report()
         return hits, lease
+
+    def declined(self, tokens: int) -> None:
+        """A batch computes ``tokens`` of its hits' cached prompt tokens rather than read them."""
+        with self._lock:
+            self.stats["declined_tokens"] += tokens
+        metrics.PREFIX_CACHE_DECLINED_TOKENS.inc(tokens)
 
     def _insert(self, ids, salt, parent: _Block | None, start: int, lease: Lease) -> list[_Block]:
         new, b = [], self.block

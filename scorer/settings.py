@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from .attention import BACKENDS, FALLBACKS
-from .engine import Engine, EngineConfig
+from .engine import GPU_MIN_CACHE_READ_TOKENS, Engine, EngineConfig
 from .planning import names as scheme_names
 from .planning.choose import AUTO_POLICIES
 from .prefix_cache import CPU_AUTO_MIB, GPU_AUTO_SHARE
@@ -79,13 +79,16 @@ def _checkpoint(v):
     return None if (Path(v) / "config.json").is_file() else "has no config.json"
 
 
-def _mib(v):
-    if v == "auto":
-        return None
-    try:
-        return None if int(v) >= 0 else "is less than 0"
-    except ValueError:
-        return "is not a number of MiB or auto"
+def _auto_or_count(unit: str):
+    def check(v):
+        if v == "auto":
+            return None
+        try:
+            return None if int(v) >= 0 else "is less than 0"
+        except ValueError:
+            return f"is not a number of {unit} or auto"
+
+    return check
 
 
 def _count_or_auto(v):
@@ -172,7 +175,7 @@ class Settings:
         f" auto: {GPU_AUTO_SHARE:.0%} of the memory free after the model loads on a GPU,"
         f" {CPU_AUTO_MIB} MiB on the CPU; 0: off",
         metavar="MIB|auto",
-        check=_mib,
+        check=_auto_or_count("MiB"),
     )
     prefix_cache_admit: int = setting(
         2,
@@ -180,6 +183,14 @@ class Settings:
         " unique query, costs nothing: it runs off the cache) or 1 (every prompt is written to the"
         " pool, worth it where nearly every prompt repeats)",
         choices=(1, 2),
+    )
+    prefix_cache_min_read: str | int = setting(
+        "auto",
+        "rows of its forward a batch's prefix-cache hits must save for it to read them; one whose hits"
+        " save fewer computes its prompts (the pool's paged reads cost a small batch more than that);"
+        f" auto: {GPU_MIN_CACHE_READ_TOKENS} on a GPU, 0 (every hit read) on the CPU",
+        metavar="TOKENS|auto",
+        check=_auto_or_count("tokens"),
     )
     # limits of a call
     max_docs: int = setting(EngineConfig.max_docs, "documents per call", check=at_least(1))
@@ -325,6 +336,9 @@ class Settings:
             auto_policy=self.auto_policy,
             max_doc_bytes=self.max_doc_bytes,
             max_request_bytes=self.max_request_bytes,
+            min_cache_read_tokens=None
+            if self.prefix_cache_min_read == "auto"
+            else int(self.prefix_cache_min_read),
         )
 
     def batch_policy(self):

@@ -288,6 +288,43 @@ def test_a_batch_that_fails_to_launch_leaves_nothing_behind(off, monkeypatch):
     assert on.score(request(prompt, [[1, 2]])).usage.cached_prompt_tokens == 0  # its blocks were dropped
 
 
+def test_a_batch_whose_hits_save_too_few_rows_computes_its_prompts_and_still_writes(off):
+    """``min_cache_read_tokens``: a batch whose hits would save fewer rows computes its prompts off
+    the pool (usage: nothing cached) and still writes the blocks it was to write, after the cached
+    ones, where a reader finds them; a batch whose hits save enough reads them."""
+
+    def declined():
+        return metrics.REGISTRY.get_sample_value("scorer_prefix_cache_declined_tokens_total") or 0.0
+
+    on = cached_engine(off, 4000, min_cache_read_tokens=200)
+    reader = Engine(
+        off.runner, off.tokenizer, on.config.__class__(max_docs=64, max_doc_tokens=512), cache=on.cache
+    )
+    assert (on.min_cache_read, reader.min_cache_read) == (200, 0)  # the CPU's default: every hit read
+    rng = random.Random(7)
+    prompt = [rng.randrange(VOCAB) for _ in range(100)]
+    docs = [[rng.randrange(VOCAB) for _ in range(10)] for _ in range(5)]
+    on.score(request(prompt, docs, "ragged"))  # writes 96 tokens' blocks
+    before = declined()
+    again = on.score(request(prompt, docs, "ragged"))  # 96 rows saved < 200: computed
+    assert again.usage.cached_prompt_tokens == 0 and again.usage.tokens_computed == 100 + 50
+    assert on.cache.stats["declined_tokens"] == 96 and declined() - before == 96
+    assert_close(again, off.score(request(prompt, docs, "ragged")))
+
+    longer = prompt + [rng.randrange(VOCAB) for _ in range(60)]
+    for scheme in ("multi_item", "cascade"):  # declined, it writes blocks 96-143 after the cached
+        assert on.score(request(longer, docs, scheme)).usage.cached_prompt_tokens == 0
+    read = reader.score(request(longer, docs, "ragged"))
+    assert read.usage.cached_prompt_tokens == 144
+    assert_close(read, off.score(request(longer, docs, "ragged")))
+
+    three = on.score_batch([on.tokenize(request(prompt, docs, s)) for s in ("ragged", "naive", "grouped")])
+    assert [r.usage.cached_prompt_tokens for r in three] == [96] * 3  # 96 + 5 * 96 + 96 rows saved
+    for r, s in zip(three, ("ragged", "naive", "grouped"), strict=True):
+        assert_close(r, off.score(request(prompt, docs, s)))
+    assert on.cache.free_slots + on.cache.cached_blocks * BLOCK == on.cache.capacity  # nothing leaked
+
+
 def test_the_metrics_count_hits_lookups_evictions_and_bytes(off):
     def value(name, **labels):
         return metrics.REGISTRY.get_sample_value(name, labels) or 0.0
@@ -332,6 +369,17 @@ def test_the_pool_is_sized_in_mib_and_zero_turns_it_off(off):
     assert cache.capacity == 2**20 // cache.slot_bytes
     spare = min(SPARE_SLOTS, cache.capacity)
     assert cache.k.shape == (mc.num_layers, cache.capacity + spare, mc.num_kv_heads, mc.head_dim)
+
+
+def test_min_read_is_auto_or_a_count_of_tokens():
+    from scorer.settings import Settings
+
+    assert Settings().engine_config().min_cache_read_tokens is None  # the device's default
+    assert Settings(prefix_cache_min_read="300").engine_config().min_cache_read_tokens == 300
+    with pytest.raises(ValueError, match="prefix_cache_min_read.*not a number of tokens or auto"):
+        Settings(prefix_cache_min_read="many")
+    with pytest.raises(ValueError, match="prefix_cache_min_read.*less than 0"):
+        Settings(prefix_cache_min_read="-1")
 
 
 def test_graph_segments_write_the_pool_themselves(off, monkeypatch):

@@ -42,19 +42,25 @@ class PrefixHit:
 NO_HIT = PrefixHit(torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64))
 
 
-def _inserts(plan: Plan, hits: Sequence[PrefixHit]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _inserts(
+    plan: Plan, hits: Sequence[PrefixHit], whole: bool = False
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The plan's rows as logical tokens (every pass's, in order), which of them hold the first copy
     of a prompt token being cached, the pool slot each logical token is cached to (-1: none) and
-    the request whose prompt each logical token is of (-1: an item's)."""
+    the request whose prompt each logical token is of (-1: an item's). ``whole``: the plan computes
+    every prompt token, its cached ones too (the inserts follow them); else it starts after them."""
     bases = np.asarray(logical_bases(plan.shapes), dtype=np.int64)
     prefix = np.fromiter((s.prefix_len for s in plan.shapes), dtype=np.int64, count=len(plan.shapes))
     total = sum(s.num_tokens for s in plan.shapes)
     owner = np.full(total, -1, dtype=np.int64)
     owner[np_ranges(bases, prefix)] = np.repeat(np.arange(len(prefix)), prefix)
-    n_insert = np.minimum(np.fromiter((len(h.insert) for h in hits), dtype=np.int64, count=len(hits)), prefix)
+    skip = np.fromiter((h.num_cached if whole else 0 for h in hits), dtype=np.int64, count=len(hits))
+    n_insert = np.minimum(
+        np.fromiter((len(h.insert) for h in hits), dtype=np.int64, count=len(hits)), prefix - skip
+    )
     insert_slot = np.full(total, -1, dtype=np.int64)
     if len(hits):
-        insert_slot[np_ranges(bases, n_insert)] = np.concatenate(
+        insert_slot[np_ranges(bases + skip, n_insert)] = np.concatenate(
             [h.insert.numpy()[:n] for h, n in zip(hits, n_insert.tolist(), strict=True)]
         )
     logical = np.concatenate([p.logical.numpy() for p in plan.passes])  # the plan's slot space
@@ -62,13 +68,13 @@ def _inserts(plan: Plan, hits: Sequence[PrefixHit]) -> tuple[np.ndarray, np.ndar
 
 
 def with_pool_copies(plan: Plan, hits: Sequence[PrefixHit]) -> Plan:
-    """``plan`` (off the pool) writing the prompt tokens ``hits`` insert (per request of the plan,
-    plan order; none of them cached yet) to the pool as it goes: each pass's ``copies`` name its
-    rows to copy and their pool slots, and attention reads the pass's own K/V as off the cache. A
-    batch that only writes the cache then copies a few rows a layer, where ``on_pool`` would put
-    every row in the pool and read them all back through its page table (session 21: 7-9% of E's
-    docs/s)."""
-    logical, is_insert, insert_slot, _ = _inserts(plan, hits)
+    """``plan`` (off the pool, every prompt token computed) writing the prompt tokens ``hits``
+    insert (per request of the plan, plan order; they follow the hit's cached tokens, which are
+    not read) to the pool as it goes: each pass's ``copies`` name its rows to copy and their pool
+    slots, and attention reads the pass's own K/V as off the cache. A batch that only writes the
+    cache then copies a few rows a layer, where ``on_pool`` would put every row in the pool and
+    read them all back through its page table (session 21: 7-9% of E's docs/s)."""
+    logical, is_insert, insert_slot, _ = _inserts(plan, hits, whole=True)
     passes, at = [], 0
     for p in plan.passes:
         rows = np.flatnonzero(is_insert[at : at + p.num_rows])

@@ -1,8 +1,10 @@
 """Small batches of A calls on the serving engine (Settings as `scorer serve` builds it) by what the
 prefix cache does with their prompts, side by side on one engine: ``off`` (the call's option),
 ``first`` (cache on, a prompt's first sighting: nothing written), ``write`` (its second: the batch
-writes the pool), ``hit`` (its third: the prompt's K/V read from the pool). For each group of
-``b`` calls with prompts of their own the four run in turn, each after a gap of 0 or 20 ms; medians
+writes the pool), ``hit`` (its third: the prompt's K/V read from the pool, however few rows that
+saves), ``rule`` (its fourth, under the serving default ``--prefix-cache-min-read``: a batch whose
+hits save fewer rows computes its prompts). For each group of
+``b`` calls with prompts of their own the five run in turn, each after a gap of 0 or 20 ms; medians
 of the launch (host) and the whole batch, ms. Is a hit cheaper than computing the prompt for the
 batches a lightly loaded server runs? Each file of calls is probed in turn (text calls with the
 reranker template share its head: there ``first`` and ``write`` read those blocks too, ``off`` does
@@ -28,7 +30,8 @@ ckpt, out, *files = sys.argv[1:]
 groups = int(os.environ.get("HIT_GROUPS", "25"))
 engine = ready_engine(Settings(model=ckpt or None))
 assert engine.cache is not None, "the prefix cache is off in this engine's settings"
-MODES = ("off", "first", "write", "hit")
+MODES = ("off", "first", "write", "hit", "rule")
+RULE = engine.min_cache_read  # the serving default; the other modes read every hit
 
 
 def timed(batch, gap: float) -> tuple[float, float, int]:
@@ -55,7 +58,8 @@ def probe(calls: str, reqs: list) -> list[dict]:
                 batch, start = reqs[start : start + b], start + b
                 assert len(batch) == b, "not enough calls in the file"
                 off = [replace(r, options=replace(r.options, prefix_cache="off")) for r in batch]
-                for mode, sent in zip(MODES, (off, batch, batch, batch), strict=True):
+                for mode, sent in zip(MODES, (off, batch, batch, batch, batch), strict=True):
+                    engine.min_cache_read = RULE if mode == "rule" else 0
                     for acc, v in zip(got[mode], timed(sent, gap), strict=True):
                         acc.append(v)
             for mode in MODES:
@@ -88,6 +92,7 @@ for i in range(0, len(rows), len(MODES)):
     print(
         f"{r[0]['calls']:>14} {r[0]['batch']:>2} {r[0]['gap_ms']:>4.0f} "
         + " ".join(f"{x['launch_ms']:>6.2f}/{x['total_ms']:>6.2f}" for x in r)
-        + f"   read {r[1]['cached_tokens']:.0f} / {r[3]['cached_tokens']:.0f} tokens (first / hit)"
+        + f"   read {r[1]['cached_tokens']:.0f} / {r[3]['cached_tokens']:.0f} / {r[4]['cached_tokens']:.0f}"
+        " tokens (first / hit / rule)"
     )
 Path(out).write_text(json.dumps(rows, indent=1))

@@ -5,6 +5,7 @@ Skipped without CUDA and flashinfer."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 pytest.importorskip("flashinfer")
 
-from scorer.engine import Engine, EngineConfig  # noqa: E402
+from scorer.engine import GPU_MIN_CACHE_READ_TOKENS, Engine, EngineConfig  # noqa: E402
 from scorer.planning import REGISTRY  # noqa: E402
 from scorer.prefix_cache import PrefixCache  # noqa: E402
 from scorer.request import Doc, ScoreOptions, ScoreRequest  # noqa: E402
@@ -31,13 +32,14 @@ def engines(checkpoint):
     cache = PrefixCache(
         3000, mc.num_layers, mc.num_kv_heads, mc.head_dim, torch.bfloat16, off.device, admit=1
     )
-    copies = Engine(off.runner, off.tokenizer, off.config, cache=cache)  # graphs without the pool
+    reads = replace(off.config, min_cache_read_tokens=0)  # every hit read, however small
+    copies = Engine(off.runner, off.tokenizer, reads, cache=cache)  # graphs without the pool
     graphs = build_engine(
         checkpoint,
         "flashinfer",
         "cuda",
         torch.bfloat16,
-        EngineConfig(),
+        reads,
         prefix_cache_mib=64,
         prefix_cache_admit=1,
     )
@@ -45,10 +47,14 @@ def engines(checkpoint):
     again = PrefixCache(
         3000, mc.num_layers, mc.num_kv_heads, mc.head_dim, torch.bfloat16, off.device, admit=2
     )
+    declines = PrefixCache(
+        3000, mc.num_layers, mc.num_kv_heads, mc.head_dim, torch.bfloat16, off.device, admit=1
+    )
     return off, {
         "copies": copies,
         "graphs": graphs,
-        "seen-twice": Engine(off.runner, off.tokenizer, off.config, cache=again),
+        "seen-twice": Engine(off.runner, off.tokenizer, reads, cache=again),
+        "declined": Engine(off.runner, off.tokenizer, off.config, cache=declines),  # the GPU's default
     }
 
 
@@ -73,7 +79,7 @@ def calls(scheme: str, seed: int, vocab: int) -> list[ScoreRequest]:
     return out
 
 
-@pytest.mark.parametrize("writes", ["copies", "graphs", "seen-twice"])
+@pytest.mark.parametrize("writes", ["copies", "graphs", "seen-twice", "declined"])
 @pytest.mark.parametrize("scheme", [*REGISTRY, "auto"])
 def test_every_scheme_on_cached_kv_scores_as_without_the_cache(engines, scheme, writes, monkeypatch):
     from scorer.attention import kvpool
@@ -91,6 +97,11 @@ def test_every_scheme_on_cached_kv_scores_as_without_the_cache(engines, scheme, 
             cached += r.usage.cached_prompt_tokens
     if writes == "seen-twice":  # blocks kept on their second sighting (call 2), read by call 4
         assert cached == 192
+    elif writes == "declined":  # a batch's hit saves 192 rows (naive's, 6 * 192) of its forward
+        assert on.min_cache_read == GPU_MIN_CACHE_READ_TOKENS
+        assert cached + on.cache.stats["declined_tokens"] == 2 * 192
+        if scheme != "auto":
+            assert cached == (2 * 192 if REGISTRY[scheme].recomputes_prompt else 0)
     else:
         assert cached == 2 * 192  # calls 2 and 4 read context 0; call 3 is the first of context 1
     assert bool(copies) == (writes != "graphs")
