@@ -265,7 +265,8 @@ class Engine(Tokenizing):
         cached prompt tokens (plan order). Off the cache (no lease, nothing cached) when no call
         of the batch uses it, reads it or is admitted to write it (see ``prefix_cache``), or the
         batch does not fit the pool beside the batches in flight; a batch that writes the cache
-        and reads nothing of it plans off the pool and copies the rows it writes
+        and reads nothing of it, or whose hits save too few rows to be worth the pool's paged
+        reads (``_declines``), plans off the pool and copies the rows it writes
         (``with_pool_copies``)."""
         use = [self.cache is not None and j.options.prefix_cache != "off" for j in jobs]
         if not any(use):
