@@ -296,17 +296,19 @@ class Engine(Tokenizing):
 
     def _declines(self, jobs: Sequence[Job], hits) -> bool:
         """Do the batch's hits save too few rows to be read (``min_cache_read``)? Then it computes
-        its prompts, unless a scheme cannot take a whole prompt (``auto`` chose it on the cached
-        shape, its custom mask within the cap)."""
+        its prompts, unless that takes it over the token budget of a pass (the batcher filled it by
+        the rows left to compute: a declined read would cost a pass more), or a scheme cannot take
+        a whole prompt (``auto`` chose it on the cached shape, its custom mask within the cap)."""
         full = [Shape(j.shape.prefix_len, j.shape.item_lens) for j in jobs]
+        rows = [j.scheme.rows(f) for j, f in zip(jobs, full, strict=True)]
         saved = sum(
-            j.scheme.rows(f) - j.scheme.rows(replace(f, cached=h.num_cached))
-            for j, f, h in zip(jobs, full, hits, strict=True)
+            n - j.scheme.rows(replace(f, cached=h.num_cached))
+            for j, f, h, n in zip(jobs, full, hits, rows, strict=True)
             if h.num_cached
         )
-        if saved >= self.min_cache_read:
-            return False
         c = self.config
+        if saved >= self.min_cache_read or 0 < c.max_tokens_per_pass < sum(rows):
+            return False
         try:
             for j, f in zip(jobs, full, strict=True):
                 j.scheme.check(f, c.max_tokens_per_pass, c.max_custom_mask_tokens)

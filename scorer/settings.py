@@ -187,7 +187,8 @@ class Settings:
     prefix_cache_min_read: str | int = setting(
         "auto",
         "rows of its forward a batch's prefix-cache hits must save for it to read them; one whose hits"
-        " save fewer computes its prompts (the pool's paged reads cost a small batch more than that);"
+        " save fewer computes its prompts, within a pass's token budget (the pool's paged reads cost"
+        " a small batch more than that);"
         f" auto: {GPU_MIN_CACHE_READ_TOKENS} on a GPU, 0 (every hit read) on the CPU",
         metavar="TOKENS|auto",
         check=_auto_or_count("tokens"),

@@ -3,6 +3,7 @@ was cached and evicted before; usage counts what it saved; leases keep what batc
 salts and ``prefix_cache=off`` keep calls apart."""
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -323,6 +324,10 @@ def test_a_batch_whose_hits_save_too_few_rows_computes_its_prompts_and_still_wri
     for r, s in zip(three, ("ragged", "naive", "grouped"), strict=True):
         assert_close(r, off.score(request(prompt, docs, s)))
     assert on.cache.free_slots + on.cache.cached_blocks * BLOCK == on.cache.capacity  # nothing leaked
+
+    # the batcher fills a pass by the rows left to compute: a read that keeps it in one is taken
+    budget = Engine(off.runner, off.tokenizer, replace(on.config, max_tokens_per_pass=120), cache=on.cache)
+    assert budget.score(request(prompt, docs, "ragged")).usage.cached_prompt_tokens == 96  # 150 rows > 120
 
 
 def test_the_metrics_count_hits_lookups_evictions_and_bytes(off):
