@@ -23,6 +23,18 @@ def test_host_path_reports_every_stage(tmp_path, capsys) -> None:
     assert torch.get_num_threads() == threads  # the one-thread plan put torch's threads back
 
 
+def test_link_pickle_compares_a_whole_job_with_what_the_link_sends(tmp_path, capsys) -> None:
+    from bench import link_pickle
+
+    link_pickle.main(["--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "link_pickle.json").read_text())["rows"]
+    assert len(rows) == 2 * len(link_pickle.SIZES)
+    for whole, sent in zip(rows[::2], rows[1::2], strict=True):
+        assert (whole["sent"], sent["sent"]) == ("whole Job", "for_engine")
+        assert sent["mb"] < 0.7 * whole["mb"]
+    assert "| 1000 x 500 | for_engine |" in capsys.readouterr().out
+
+
 def test_throughput_benchmark_runs_every_kind_of_system(tmp_path):
     """bench.throughput on a toy model on the CPU (torch reference, no graphs): an engine system,
     a forced scheme and both transformers baselines each give docs/s and MFU in the JSON."""

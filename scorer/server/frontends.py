@@ -55,7 +55,7 @@ from .. import metrics
 from ..engine import Engine, EngineInfo, Tokenizing
 from ..models.loader import load_tokenizer
 from ..planning.schemes import import_plugins, plugin_modules
-from ..request import Job
+from ..request import Doc, Job
 from ..settings import Settings
 from . import loops
 from .batcher import Closed, Scored
@@ -468,7 +468,7 @@ class FrontLink:
         call_id = next(self._ids)
         future = self._calls[call_id] = asyncio.get_running_loop().create_future()
         try:
-            self.send("score", (call_id, job, deadline, request_id))
+            self.send("score", (call_id, for_engine(job), deadline, request_id))
             return await future
         except asyncio.CancelledError:
             self.send("cancel", call_id)
@@ -494,6 +494,14 @@ class FrontLink:
     async def close(self) -> None:
         if self._end is not None and self._end.transport is not None:
             self._end.transport.close()
+
+
+def for_engine(job: Job) -> Job:
+    """``job`` as the engine process reads it: the docs' text and token ids stay in the front end,
+    which answers from its own Job (the engine needs their ids, the tokens in ``items`` and the
+    options); the link then pickles each call's tokens once instead of twice."""
+    r = job.request
+    return replace(job, request=replace(r, docs=tuple(Doc(id=d.id) for d in r.docs), prompt_token_ids=()))
 
 
 class RemoteScoring(TokenizingService):

@@ -36,7 +36,7 @@ from test_metrics import EXPECTED_FAMILIES
 
 from loadtest import metrics as lm
 from scorer.server.batcher import Closed, Dropped, OutOfMemory, QueueFull
-from scorer.server.frontends import _portable
+from scorer.server.frontends import _portable, for_engine
 from scorer.server.handler import status_for
 from scorer.settings import Settings
 from scorer.v1 import scorer_pb2 as pb
@@ -302,6 +302,23 @@ def test_an_engine_error_reaches_the_front_end_as_the_same_answer(exc):
     """What the engine process sends back (pickled) is answered as the same error in one process."""
     sent = pickle.loads(pickle.dumps(_portable(exc)))
     assert type(sent) is type(exc) and status_for(sent) == status_for(exc)
+
+
+def test_the_link_sends_a_job_without_its_docs_tokens_and_it_scores_the_same(engine):
+    """The engine process gets each call's tokens once (``items``), not the docs' text and ids too;
+    scores, doc ids and options are those of the whole Job."""
+    from scorer.request import Doc, ScoreRequest
+
+    rng = random.Random(11)
+    docs = [Doc(id=f"t{i}", text=" ".join(["token"] * rng.randint(20, 60))) for i in range(6)]
+    docs += [Doc(id=f"i{i}", token_ids=tuple(rng.randrange(4, 250) for _ in range(60))) for i in range(6)]
+    job = engine.tokenize(ScoreRequest("a query", docs))
+    sent = pickle.loads(pickle.dumps(for_engine(job)))
+    assert all(not d.text and not d.token_ids for d in sent.request.docs)
+    assert [d.id for d in sent.request.docs] == [d.id for d in docs]
+    assert (sent.request.prompt, sent.options, sent.items) == (job.request.prompt, job.options, job.items)
+    assert len(pickle.dumps(sent)) < 0.7 * len(pickle.dumps(job))
+    assert engine.score_batch([sent]) == engine.score_batch([job])
 
 
 def test_metrics_are_one_set_counting_every_front_ends_calls(split):
