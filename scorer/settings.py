@@ -79,25 +79,21 @@ def _checkpoint(v):
     return None if (Path(v) / "config.json").is_file() else "has no config.json"
 
 
-def _auto_or_count(unit: str):
+def _auto_or_count(unit: str = "", most: int | None = None):
+    """``auto`` or a whole number from 0 (to ``most``), of ``unit``."""
+
     def check(v):
         if v == "auto":
             return None
         try:
-            return None if int(v) >= 0 else "is less than 0"
+            n = int(v)
         except ValueError:
-            return f"is not a number of {unit} or auto"
+            return f"is not a number{f' of {unit}' if unit else ''} or auto"
+        if most is not None:
+            return None if 0 <= n <= most else f"is not 0-{most}"
+        return None if n >= 0 else "is less than 0"
 
     return check
-
-
-def _count_or_auto(v):
-    if v == "auto":
-        return None
-    try:
-        return None if 0 <= int(v) <= 64 else "is not 0-64"
-    except ValueError:
-        return "is not a number or auto"
 
 
 def _file(v):
@@ -245,7 +241,7 @@ class Settings:
         " two, at most 4",
         scopes=(SERVE,),
         metavar="N|auto",
-        check=_count_or_auto,
+        check=_auto_or_count(most=64),
     )
     busy_poll_ms: float = setting(
         0.0,
