@@ -151,8 +151,8 @@ def gc_paused():
 
 def time_planner(scheme: str, group: int, shape: Shape):
     """The plan and the planner's host ms (with the plan check): the median of 3 runs, one run
-    when it takes over 50 ms, with the garbage collector paused as for the forwards (session 15's
-    run timed one planner at 24.9 ms against its neighbours' 1.1-1.5 with it running)."""
+    when it takes over 50 ms, with the garbage collector paused as for the forwards (with it
+    running, one H200 run timed a planner at 24.9 ms against its neighbours' 1.1-1.5)."""
     times = []
     with gc_paused():
         while len(times) < (3 if not times or times[0] < 50 else 1):

@@ -8,7 +8,7 @@
 (c) ``triton``: ``scorer.models.triton_ops.qk_norm_rope`` from the fused QKV GEMM output
     [T, (Hq + 2 Hkv) D] into out buffers in one pass; ``qk`` returns v as a view of the GEMM
     output, ``+v`` also copies v into ``v_out``. Program shapes (BLOCK_T, BLOCK_H, num_warps,
-    grid order) are swept on the ``+v`` variant and on the serving layout since session 16 (q and
+    grid order) are swept on the ``+v`` variant and on the serving layout (q and
     k rewritten in place in the GEMM's output, v left there: ``qk in place``), each checked
     against the fp32 reference to within one bf16 ulp.
 
@@ -197,7 +197,7 @@ def bench_shape(model: str, T: int, device: torch.device) -> dict:
         triton(cfg)()
         sweep[str(cfg)] = {"us": 1e3 * ms(triton(cfg)), "correct": within_one_ulp((qo, ko, vo), ref)}
     best = min((c for c in CONFIGS if sweep[str(c)]["correct"]), key=lambda c: sweep[str(c)]["us"])
-    # the serving layout since session 16: q and k normed and rotated in place in the GEMM's
+    # the serving layout: q and k normed and rotated in place in the GEMM's
     # output, v left there (each timed run rewrites the same buffer; checked on a fresh copy first)
     buf = qkv.clone()
 

@@ -1,5 +1,5 @@
-"""The layers' RMSNorm over hidden rows on the GPU: FlashInfer's ``rmsnorm`` (the fused path until
-session 17), torch's ``F.rms_norm`` and ``scorer.models.triton_ops.rms_norm`` with its default
+"""The layers' RMSNorm over hidden rows on the GPU: FlashInfer's ``rmsnorm`` (the fused path's
+before this kernel), torch's ``F.rms_norm`` and ``scorer.models.triton_ops.rms_norm`` with its default
 program shape and a sweep of others, against the memory-bandwidth floor.
 
 Shapes: the hidden rows of serving passes (Qwen3-0.6B's 1,024 and Qwen3-8B's 4,096 wide; 16,128

@@ -30,8 +30,8 @@ FLOPs of a call of prompt P and N docs of S tokens, L layers, hidden h, MLP widt
 kv width kv, vocabulary V: ``2L(h(q+2kv) + qh + 3hi)(P+NS) + 4Lq(P^2/2 + NS(P+S/2)) + 2hVN``.
 The JSON (``throughput.json``) is written after every record. ``--rounds R`` measures every
 engine system R times, the systems of a workload interleaved (R rounds of A, B, ...), and records
-the median docs/s and each round's (``docs_s_rounds``): session 18 saw one system's docs/s spread
-3% between runs of one session, as much as the changes it was comparing.
+the median docs/s and each round's (``docs_s_rounds``): on an H200 one system's docs/s spread 3% between
+single runs, as much as the changes being compared.
 
 The prefix cache (``auto+cache``: ``auto`` with a pool of ``CACHE_GIB``, beside ``auto`` without
 one, in the same run) is measured on calls that repeat what search backends resend: ``D-repeat``
@@ -102,8 +102,8 @@ REUSE = {"D-repeat": 50, "B-repeat": 10}
 STREAMED = ("D-repeat", "B-repeat", "A-text")
 PRETOKENIZED = ("A-text",)
 """Streamed workloads whose systems without the cache run tokenized beforehand, as the other
-workloads: the engine's reference for issue 11's served text calls (session 16's served run,
-streamed, timed the tokenizer inline: 3,168 docs/s against the replica's 4,765)."""
+workloads: the engine's reference for the served text calls (streamed, it timed the tokenizer
+inline: 3,168 docs/s on an H200 against the replica's 4,765)."""
 CACHE_GIB = 16
 """The pool of the ``+cache`` systems (an H200 has room; the CPU smoke run allocates it lazily)."""
 DEFAULT = {

@@ -22,8 +22,15 @@ import torch
 
 from scorer.models import fused, triton_ops
 
-from .gemm_shapes import MODELS, matmul_tflops
 from .timing import capture_graph, environment, time_ms
+
+MODELS = {"0.6b": (1024, 2048, 1024, 3072), "8b": (4096, 4096, 1024, 12288)}  # h, q, kv, mlp width
+
+
+def matmul_tflops(n: int) -> float:
+    x, y, z = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    return 2 * n**3 / time_ms(lambda: torch.mm(x, y, out=z), 20) / 1e9
+
 
 SWIGLU_CONFIGS = [  # (BLOCK_M, BLOCK_N, BLOCK_K, stages, warps, GROUP_M, persistent, loop)
     (128, 128, 64, 3, 8, 4, True, ""),
@@ -35,10 +42,10 @@ SWIGLU_CONFIGS = [  # (BLOCK_M, BLOCK_N, BLOCK_K, stages, warps, GROUP_M, persis
     (64, 128, 64, 2, 4, 8, False, ""),
     (64, 128, 64, 3, 4, 8, False, ""),
 ]
-"""Session 19's sweeps (bench/data/session19/probe, at commit 806e20a, with q/k/v, o+res and down+res
-on a plain Triton GEMM too: slower than cuBLAS everywhere; bench/data/session19/final) put the
-persistent 128 x 128 x 64 shape first; these are it, its GROUP_M neighbours, warp specialisation,
-and 64-row tiles in two stages (two programs an SM, one's epilogue under the other's loads)."""
+"""Sweeps of ten shapes on an H200 (the plain Triton GEMM for q/k/v, o+res and down+res too: slower
+than cuBLAS everywhere; bench/data/kernels/triton_gemm.*) put the persistent 128 x 128 x 64 shape
+first; these are it, its GROUP_M neighbours, warp specialisation, and 64-row tiles in two stages
+(two programs an SM, one's epilogue under the other's loads)."""
 
 
 def graph_us(fn, reps: int, iters: int) -> float:

@@ -2,7 +2,7 @@
 # Ray's per-call cost by ingress, in one run: `scorer serve`, then one Ray Serve replica through
 # the deployed ingress (scorer.ray_serve.RAY_ENV: HAProxy in front of the replica's own server),
 # then with each of INGRESS's Ray switches (space-separated configurations, each VAR=VALUE[,VAR=VALUE];
-# default: Serve's Python gRPC proxy, the default before session 11). The load tool, closed loop: one call at a time (p50) and CONCURRENCY at a time (calls/s).
+# default: Serve's Python gRPC proxy, Serve's own default). The load tool, closed loop: one call at a time (p50) and CONCURRENCY at a time (calls/s).
 #   bash scripts/ray_ingress.sh               (this machine: the toy model on the CPU, ~3 min)
 #   REQUESTS=/tmp/A.jsonl SERVE_ARGS="--model DIR" RAY_ARGS="--num-gpus 1 model=DIR" bash scripts/ray_ingress.sh
 #   -> OUT (default out/ray_ingress)/ray_ingress.md and each load-tool report

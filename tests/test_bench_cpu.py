@@ -1,7 +1,6 @@
 """The CPU benchmarks run and report every stage (their numbers are in bench/RESULTS.md)."""
 
 import json
-import shutil
 
 import pytest
 import torch
@@ -21,18 +20,6 @@ def test_host_path_reports_every_stage(tmp_path, capsys) -> None:
     assert lookup["lookup"] < lookup["get_vocab"]
     assert "| token_ids |" in capsys.readouterr().out
     assert torch.get_num_threads() == threads  # the one-thread plan put torch's threads back
-
-
-def test_link_pickle_compares_a_whole_job_with_what_the_link_sends(tmp_path, capsys) -> None:
-    from bench import link_pickle
-
-    link_pickle.main(["--out", str(tmp_path)])
-    rows = json.loads((tmp_path / "link_pickle.json").read_text())["rows"]
-    assert len(rows) == 2 * len(link_pickle.SIZES)
-    for whole, sent in zip(rows[::2], rows[1::2], strict=True):
-        assert (whole["sent"], sent["sent"]) == ("whole Job", "for_engine")
-        assert sent["mb"] < 0.7 * whole["mb"]
-    assert "| 1000 x 500 | for_engine |" in capsys.readouterr().out
 
 
 def test_throughput_benchmark_runs_every_kind_of_system(tmp_path):
@@ -72,24 +59,6 @@ def test_throughput_rounds_interleave_systems_and_report_the_median(tmp_path):
         assert len(r["docs_s_rounds"]) == 3 and r["docs_s"] == statistics.median(r["docs_s_rounds"])
         assert r["idle_p50_ms"] > 0 and 0 < r["mfu"] < 1
     assert "docs_s_rounds" not in records[2] and records[2]["docs_s"] > 0
-
-
-def test_a_ready_engine_leaves_its_heap_frozen_and_a_full_collection_cheap(tmp_path):
-    """ready_engine ends with freeze_heap: what it loaded is out of the collector's reach, so a full
-    collection scans a small part of the heap (bench.gc_pause undoes the freeze to compare)."""
-    import gc
-
-    from bench import gc_pause
-
-    gc.unfreeze()
-    try:
-        gc_pause.main(["--calls", "3", "--out", str(tmp_path)])
-        rows = json.loads((tmp_path / "gc_pause.json").read_text())["rows"]
-        frozen, unfrozen = rows["frozen (as served)"], rows["unfrozen"]
-        assert frozen["frozen"] > 10 * frozen["objects"]  # the heap, frozen; only later objects scanned
-        assert frozen["median_ms"] < unfrozen["median_ms"]
-    finally:
-        gc.unfreeze()
 
 
 def test_plan_on_cache_times_every_path(tmp_path, capsys):
@@ -173,100 +142,28 @@ def test_full_batches_drop_the_runt_a_saturated_batcher_never_forms():
     assert [len(b) for b in full_batches([SimpleNamespace(tokens=9000)] * 3, 16384)] == [1, 1, 1]
 
 
-def test_padding_counts_the_rows_each_bucket_table_pads(tmp_path, capsys):
-    from bench import padding
-
-    padding.main(["--calls", "48", "--out", str(tmp_path)])
-    result = json.loads((tmp_path / "padding.json").read_text())
-    e = result["workloads"]["E"]  # 11 calls of 1,400 tokens: 15,400 rows, bucket 16,384 or 15,616
-    assert e["tokens"] == 15400
-    assert e["padded_rows"] == {
-        "1/8 growth": 984,
-        "fine top quarter": 216,
-        "128-row steps from a quarter": 88,
-    }
-    # C's 4,100-row second pass had a lucky 1/8-growth bucket (4,112); the 128-row steps pad it 124
-    assert all(result["workloads"][w]["saved_ms_est"] > 0 for w in ("A", "E", "B", "D"))
-    assert "| B | 12,000 |" in capsys.readouterr().out
+BENCHMARKS = [
+    "attention_layouts", "cost_fit", "cpu_schemes", "e2e", "host_path", "kernel_profile", "kernels",
+    "light_load", "plan_on_cache", "qk_norm_rope", "report", "rms_norm", "throughput", "triton_gemm",
+]  # fmt: skip
 
 
-@pytest.mark.parametrize("server", ["aio", "aio-busy"])
-def test_grpc_floor_times_a_bare_server_at_each_gap(tmp_path, capsys, server):
-    """bench.grpc_floor: a server in its own process that answers at once, one call at a time
-    against it at each gap, a median per gap in the JSON and the table."""
-    from bench import grpc_floor
-    from loadtest import gen
+def test_bench_holds_the_listed_benchmarks_and_their_helpers():
+    from pathlib import Path
 
-    reqs = tmp_path / "reqs.jsonl"
-    gen.main(["--out", str(reqs), "--requests", "12", "--docs", "3", "--prompt-tokens", "20", "--doc-tokens",
-              "fixed:5", "--token-ids", "--template", "plain"])  # fmt: skip
-    grpc_floor.main(["--requests", str(reqs), "--gap-ms", "0,5", "--calls", "6", "--server", server,
-                     "--out", str(tmp_path)])  # fmt: skip
-    records = json.loads((tmp_path / "grpc_floor.json").read_text())["records"]
-    assert [(r["server"], r["gap_ms"]) for r in records] == [(server, 0.0), (server, 5.0)]
-    assert all(0 < r["p50_ms"] < 1000 for r in records)
-    assert f"| grpc {server} | grpc aio | 5 |" in capsys.readouterr().out
+    here = Path(__file__).resolve().parents[1] / "bench"
+    helpers = {"__init__", "paging", "timing"}
+    assert {p.stem for p in here.glob("*.py")} == set(BENCHMARKS) | helpers
 
 
-@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")
-def test_reuseport_spread_counts_each_connection_by_the_process_holding_it(tmp_path, capsys):
-    """bench.reuseport_spread against a server in this process: every channel is a connection of
-    its own, all held by this one process, in every trial."""
-    from concurrent import futures
+@pytest.mark.parametrize("name", BENCHMARKS)
+def test_every_benchmark_imports_without_a_gpu_and_answers_help(name, monkeypatch, capsys):
+    import importlib
+    import sys
 
-    import grpc
-    from grpc_health.v1 import health, health_pb2_grpc
-
-    from bench import reuseport_spread
-
-    server = grpc.server(futures.ThreadPoolExecutor(2))
-    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        out = tmp_path / "spread.json"
-        reuseport_spread.main(["--target", f"127.0.0.1:{port}", "--channels", "3", "--trials", "2",
-                               "--out", str(out)])  # fmt: skip
-    finally:
-        server.stop(None)
-    assert json.loads(out.read_text()) == {"channels": 3, "trials": 2, "busiest": {"3": 2}}
-    assert "| 3 | 2 |" in capsys.readouterr().out
-
-
-def test_the_busy_poll_selector_still_waits_out_its_timeout_and_sleeps_when_idle():
-    """Polling stops at the caller's timeout, and once its window after the last event is over
-    it blocks (a select with no timeout would otherwise spin forever)."""
-    import selectors
-    import socket
-    import time
-
-    from bench.grpc_floor import BusyPollSelector
-
-    a, b = socket.socketpair()
-    with a, b:
-        sel = BusyPollSelector(busy_poll_s=0.05)
-        sel.register(a, selectors.EVENT_READ)
-        t0 = time.monotonic()
-        assert sel.select(0.01) == []
-        assert 0.009 < time.monotonic() - t0 < 0.5
-        time.sleep(0.06)  # the window is over: the next select blocks until its event
-        b.send(b"x")
-        assert [key.fileobj for key, _ in sel.select(None)] == [a]
-        sel.close()
-
-
-def test_batch_breakdown_times_every_stage_of_a_batch(tmp_path):
-    """bench.batch_breakdown (issue 10's plan stage): batches formed under the budget, a median
-    per stage, the whole call and the pipelined rate, on the CPU with one layer."""
-    from bench import batch_breakdown
-    from loadtest import gen
-
-    reqs = tmp_path / "reqs.jsonl"
-    gen.main(["--out", str(reqs), "--requests", "6", "--docs", "3", "--prompt-tokens", "30", "--doc-tokens",
-              "fixed:8", "--token-ids", "--template", "plain"])  # fmt: skip
-    batch_breakdown.main(["--requests", str(reqs), "--device", "cpu", "--layers", "1", "--batches", "2",
-                          "--budget", "64", "--graph-max-tokens", "0", "--out", str(tmp_path)])  # fmt: skip
-    result = json.loads((tmp_path / "batch_breakdown.json").read_text())
-    stages = result["stages_ms_median"]
-    assert set(stages) == set(batch_breakdown.STAGES) and all(v > 0 for v in stages.values())
-    assert result["tokens_per_batch"] <= 64 and result["pipelined_ms_per_batch"] > 0
+    module = importlib.import_module(f"bench.{name}")
+    monkeypatch.setattr(sys, "argv", [f"python -m bench.{name}", "--help"])
+    with pytest.raises(SystemExit) as stop:
+        module.main()
+    assert stop.value.code == 0
+    assert "usage:" in capsys.readouterr().out

@@ -1,11 +1,11 @@
-"""What the prefix cache costs a batch that barely uses it (issue 11: the served E ran at 0.88 of
+"""What the prefix cache costs a batch that barely uses it (the served E ran at 0.88 of
 its engine with the cache on, 0.98 with it off). The serving engine (Settings as `scorer serve`
 builds it, cache on) runs batches of E's calls (11 of 200 + 20 x 60 tokens, 15,400 tokens, as a
 saturated batcher cuts them), pipelined as the batcher runs them, in states of the cache:
 
   off        every call with prefix_cache="off"
   new        prompts never seen (the cache looks and keeps nothing: off the pool)
-  insert     prompts seen once before (admitted now: writing them, off the pool since session 21)
+  insert     prompts seen once before (admitted now: writing them, off the pool)
   hit        prompts cached whole (on the pool, reading them)
   mixed      `hit` for 3 calls of the 11 (E's served hit rate was ~22%), `new` for the rest
   insert-scattered, mixed-scattered: the same with the pool's free pages shuffled first (a

@@ -6,7 +6,7 @@
 ``summary`` writes OUT/http_vs_grpc.json and prints a table: per series the sweep's saturation (its
 highest achieved docs/s; the sweep stops at its first saturated rate), the load tool's capacity
 (its best unsaturated rate), and p50 / p99 at light load; the calls' token counts as the server
-counts them (the checkpoint's tokenizer, the default's without one); issue 13's two targets on the
+counts them (the checkpoint's tokenizer, the default's without one); the two targets on the
 same calls (cohere-text against grpc-text). Exit 2 when the run cannot answer them: a sweep that
 never saturated (raise the rates), a light-load call that failed, counts that do not match /metrics.
 """

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # HTTP (the Cohere shape, FastAPI on uvicorn) against gRPC on one H200 replica serving a random
-# Qwen3-0.6B-shaped checkpoint (as sweep.sh), issue 13's target: HTTP's docs/s at saturation at
+# Qwen3-0.6B-shaped checkpoint (as served.sh); the target: HTTP's docs/s at saturation at
 # least 90% of gRPC's on workload A, and at most 1 ms more on the median at light load.
 # One server (gRPC, HTTP and /metrics), three open-loop sweeps side by side, then a light-load
 # point (10% of each sweep's saturation) for each; server on cores 4-15, load tool on 0-3:
@@ -11,7 +11,7 @@
 #                default template, so these are the calls it can make equal to gRPC's
 # The target compares cohere-text with grpc-text; grpc-ids is the reference the other issues use.
 #   bash scripts/gpu/http_vs_grpc.sh [rates] [seconds per step]
-#   device: carry [".gpu", ".wheels"] (bash scripts/gpu/wheels.sh first)
+#   the HTTP client (aiohttp): pip install -e '.[gpu,dev]', or the offline kit's .wheels/ (scripts/gpu/wheels.sh)
 #   -> $OUT/http_vs_grpc.json, server.log, reports.tgz (the load tool's reports)
 # LOCAL_CPU=1 runs the same steps on a CPU machine (the embedded tiny model, low rates): a dry run.
 set -euo pipefail

@@ -4,7 +4,7 @@
 # (default "auto"; e.g. auto,fa3).
 # bash scripts/gpu/kernel_profile.sh   -> $OUT/kernel_profile*.json, $OUT/kernel_profile.log
 source scripts/gpu/env.sh
-[ "${GPU_TESTS:-1}" = 0 ] || bash scripts/gpu/test.sh | tail -3
+[ "${GPU_TESTS:-1}" = 0 ] || SMOKE=0 bash scripts/gpu/test.sh | tail -3
 python3 -m bench.kernel_profile --model qwen3-0.6b --workloads "${WORKLOADS:-A,E}" --kernels "${KERNELS:-fused}" \
   --attention "${ATTENTION:-auto}" --out "$OUT" 2>&1 | grep -v "Warning\|USDT" | tee "$OUT/kernel_profile.log"
 [ "${MODEL_8B:-1}" = 0 ] || { python3 -m bench.kernel_profile --model qwen3-8b --workloads A --kernels "${KERNELS:-fused}" \

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# The prefix cache on one H200 (device: carry [".gpu"]):
-#   bash scripts/gpu/prefix_cache.sh engine [seconds]   GPU tests, then bench/throughput.py: cache
-#       on vs off on D-repeat, B-repeat and A-text, and A (no cache) against the earlier runs
+# The prefix cache:
+#   bash scripts/gpu/prefix_cache.sh engine [seconds]   GPU tests, then bench.throughput: cache on
+#       against off on D-repeat, B-repeat and A-text, and A (no cache)                   (~3 min)
 #   bash scripts/gpu/prefix_cache.sh served [seconds]   D-repeat through the load tool (--prompt-reuse
-#       50) against scorer serve with the cache (auto) and without (--prefix-cache-mib 0)
+#       50) against scorer serve with the cache (auto) and without (--prefix-cache-mib 0)  (~3 min)
+#   bash scripts/gpu/prefix_cache.sh states   the serving engine's docs/s on batches of 3 and 11 E
+#       calls by what the cache does with their prompts (off, new, insert, hit; cache_probe.py) (~2 min)
+#   bash scripts/gpu/prefix_cache.sh hits     small A and A-text batches: a hit read against its prompt
+#       computed, and the serving default's rule (hit_probe.py)                            (~4 min)
 source scripts/gpu/env.sh
 SECS="${2:-4}"
 case "$1" in
@@ -35,5 +39,19 @@ served)
   done
   (cd "$OUT" && tar czf drepeat.tgz drepeat-* && rm -r drepeat-*/)
   ;;
-*) echo "usage: $0 engine|served [seconds]" >&2; exit 2 ;;
+states)
+  random_checkpoint /tmp/ckpt/qwen3-0.6b-random
+  CALLS="${CALLS:-3,11}" STATES="${STATES:-off,new,insert,hit}" \
+    python3 scripts/gpu/cache_probe.py /tmp/ckpt/qwen3-0.6b-random "$OUT/cache_probe.json" 40 2 2>&1 | tail -20
+  ;;
+hits)
+  random_checkpoint /tmp/ckpt/qwen3-0.6b-random && mkdir -p /tmp/hits
+  for w in A A-text; do
+    # shellcheck disable=SC2086
+    python3 -m loadtest.gen --out "/tmp/hits/$w.jsonl" --requests 800 --seed 3 ${GEN[$w]} >/dev/null
+  done
+  timeout 300 python3 scripts/gpu/hit_probe.py /tmp/ckpt/qwen3-0.6b-random "$OUT/hit_probe.json" \
+    /tmp/hits/A.jsonl /tmp/hits/A-text.jsonl 2>&1 | tail -20
+  ;;
+*) echo "usage: $0 engine|served|states|hits [seconds]" >&2; exit 2 ;;
 esac

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Run 2 on the GPU machine, within 30 s of ray_unpack.sh (run 1), with the FlashInfer kit (.gpu/):
-# one Ray Serve replica (num_gpus 1, FlashInfer, CUDA graphs, fused kernels) behind each of Ray's
+# Ray Serve against `scorer serve` on one GPU. Ray from the installed packages (pip install -e
+# '.[gpu,ray]'), or from the offline kit's archive unpacked into $RAY_SITE (default /tmp/ray-site)
+# by scripts/gpu/ray_unpack.sh less than 30 s before, where that folder exists.
+# One Ray Serve replica (num_gpus 1, FlashInfer, CUDA graphs, fused kernels) behind each of Ray's
 # ingresses of CONFIGS against `scorer serve` on the same checkpoint and the same calls, in this one run:
 #   1. capacity sweeps (open loop, rates x1.08 apart or RATE_STEP, STEP s each) and p50/p99 at 10% of
 #      `scorer serve`'s capacity, workloads A (300-token prompt + 10 x 50-token docs, token ids)
 #      and E (200 + 20 x 60), first `scorer serve`, then Ray in each configuration:
-#        proxy    Serve's Python gRPC proxy, calling the replica over gRPC (the default before
-#                 session 11)
+#        proxy    Serve's Python gRPC proxy, calling the replica over gRPC (Serve's own
+#                 default)
 #        haproxy  scorer.ray_serve.RAY_ENV: Ray's HAProxy ingress in front of the replica's own
 #                 gRPC server (direct ingress), RAY_SERVE_THROUGHPUT_OPTIMIZED's switches
 #        haproxy-xN  the same with N replicas sharing the GPU (num_gpus 1/N each, an engine process
@@ -23,27 +25,26 @@
 # ray-CONFIG.log.gz (scorer.ray_local's output) and ray-logs-CONFIG.tgz (the replicas' logs).
 #   bash scripts/gpu/ray_bench.sh            (about 8 minutes; fails at the first error)
 #   FAULT_ONLY=150 bash scripts/gpu/ray_bench.sh   (Ray alone: the fault run at 150 calls/s, then HTTP)
-#   SKIP_FAULT=1 (no fault run); PROFILE=1 (py-spy on the last configuration's replica and its engine
-#   process for 12 s of A's sweep -> $OUT/pyspy-top.txt; carry .wheels/py_spy-*.whl too)
+#   SKIP_FAULT=1 (no fault run)
 # Ray's own knobs pass through the environment to every Ray process, e.g. the proxy's:
 #   RAY_SERVE_PROXY_USE_GRPC=0 CONFIGS=proxy bash scripts/gpu/ray_bench.sh   (Ray's actor calls instead of scorer.ray_serve.RAY_ENV)
 source scripts/gpu/env.sh
 set -euo pipefail
 SITE="${RAY_SITE:-/tmp/ray-site}"
-if [ "${PROFILE:-}" = 1 ]; then  # py-spy alone from .wheels (carry it): the rest of .wheels would shadow Ray's site
-  python3 -m pip install -q --no-index --no-deps --target /tmp/pyspy .wheels/py_spy-*.whl
-  export PATH="/tmp/pyspy/bin:$PATH"
+if [ -d "$SITE/ray" ]; then
+  # Ray's workers inherit it from the driver that starts Ray; absolute: they need not start in $PWD
+  export PYTHONPATH="$PWD:$PYTHONPATH:$SITE"
+else
+  python3 -c "import ray.serve" 2>/dev/null || { echo "no Ray: pip install -e '.[gpu,ray]'" >&2; exit 1; }
+  export PYTHONPATH="$PWD:$PYTHONPATH"
 fi
-[ -d "$SITE/ray" ] || { echo "no Ray in $SITE: run scripts/gpu/ray_unpack.sh first (< 30 s before)" >&2; exit 1; }
-# Ray's workers inherit it from the driver that starts Ray; absolute: they need not start in $PWD
-export PYTHONPATH="$PWD:$PYTHONPATH:$SITE"
 STEP="${STEP:-3}"
 KILL_AT="${KILL_AT:-15}"
-FAULT_S="${FAULT_S:-75}"  # a new replica (process, engine process, model, graphs) took 41 s in session 8
+FAULT_S="${FAULT_S:-75}"  # a new replica (process, engine process, model, graphs) took 41 s on an H200
 SERVER_CORES="${SERVER_CORES:-4-15}"
 LOAD_CORES="${LOAD_CORES:-0-3}"
 CKPT="${CKPT:-/tmp/ckpt/qwen3-0.6b-random}"
-RATES_A="${RATES_A:-400:640}"  # first:last calls/s of the sweep (scorer serve: ~590 and ~330 in session 10)
+RATES_A="${RATES_A:-400:640}"  # first:last calls/s of the sweep (scorer serve on an H200: ~590 and ~330)
 RATES_E="${RATES_E:-200:380}"
 CONFIGS="${CONFIGS:-proxy haproxy}"
 config_env() {  # CONFIG: its Ray switches, VAR=VALUE ... (over scorer.ray_serve.RAY_ENV, which ray_local sets)
@@ -166,9 +167,6 @@ ray_cfg=
 last=${CONFIGS##* }
 for cfg in $CONFIGS; do
   start_ray "$cfg"
-  if [ "${PROFILE:-}" = 1 ] && [ "$cfg" = "${CONFIGS##* }" ]; then  # py-spy on the replica during A's sweep
-    ( sleep 8; pyspy_top "$(pgrep -f '^ray::ServeReplica:scorer:Scorer' | head -1)" 12 60 ) &
-  fi
   [ -n "${FAULT_ONLY:-}" ] || measure "ray-$cfg" 127.0.0.1:9000
   [ "$cfg" = "$last" ] || stop_ray
 done

@@ -7,11 +7,8 @@
 
 Saturation is a sweep's highest achieved docs/s (it stops at its first saturated rate); served /
 engine is that against the engine's docs/s on the same workload (OUT/engine.json, the same run).
-The records are issue 11's: ``served_docs_s``, ``served_p50_ms_10`` (p50 at 10% of saturation) and
-``served_p99_ms_80`` (p99 at 80%), one per workload and front-end count; ``floor_p50_ms_10`` is
-the p50 of a bare gRPC server (no scorer code) under the same load tool at that 10% rate, where
-served.sh ran one (``OUT/floor/W``); ``floor_pmqos_p50_ms_10`` the same with the CPUs' idle
-states held shallow (``PMQOS=1``, ``OUT/floor-pmqos/W``).
+The records: ``served_docs_s``, ``served_p50_ms_10`` (p50 at 10% of saturation) and
+``served_p99_ms_80`` (p99 at 80%), one per workload and front-end count.
 """
 
 from __future__ import annotations
@@ -39,20 +36,14 @@ def _r(ms: float | None) -> str:
     return "-" if ms is None else f"{ms:.1f}"
 
 
-def _floor_p50(floor: Path) -> float | None:
-    """A floor run's p50 (a bare gRPC server at 10%), where one ran."""
-    run = floor / "at-0.1"
-    return _ms(_first_run(run)["latency_seconds"]["p50"]) if run.exists() else None
-
-
 def summary(out: Path, configs: list[str]) -> int:
     engine = {r["workload"]: r for r in json.loads((out / "engine.json").read_text())["records"]}
     records, lines = [], []
     lines.append(
         "| workload | server | engine docs/s | served docs/s | served / engine | p50 @10% ms |"
-        " p99 @80% ms | engine idle p50 ms (20 ms apart) | bare gRPC p50 @10% ms | lag p99 ms @80% |"
+        " p99 @80% ms | engine idle p50 ms (20 ms apart) | lag p99 ms @80% |"
     )
-    lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for config in configs:
         fe = config.removeprefix("fe").split("-")[0]
         for d in sorted((out / config).iterdir()):
@@ -62,7 +53,6 @@ def summary(out: Path, configs: list[str]) -> int:
             low = _first_run(d / "at-0.1")
             top, high = (None, None) if light else (top_run(sweep), _first_run(d / "at-0.8"))
             ref = engine.get(w, {})
-            floor_p50 = _floor_p50(out / "floor" / w)
             rec = {
                 "workload": w,
                 "system": f"served-{config}",
@@ -74,8 +64,6 @@ def summary(out: Path, configs: list[str]) -> int:
                 "served_saturated": not light and any(r["saturation"]["saturated"] for r in sweep["runs"]),
                 "served_p50_ms_10": _ms(low["latency_seconds"]["p50"]),
                 "served_p99_ms_80": None if light else _ms(high["latency_seconds"]["p99"]),
-                "floor_p50_ms_10": floor_p50,
-                "floor_pmqos_p50_ms_10": _floor_p50(out / "floor-pmqos" / w),
                 "lag_p99_ms_80": None if light else _ms(high["generator"]["lag_seconds"]["p99"]),
                 "failed_80": None if light else high["failed"],
             }
@@ -89,13 +77,9 @@ def summary(out: Path, configs: list[str]) -> int:
                 f"| {w} | {config} | {rec['engine_docs_s']} | {rec['served_docs_s']}"
                 f"{'' if rec['served_saturated'] else ' (not saturated)'} | {rec['served_over_engine']} |"
                 f" {rec['served_p50_ms_10']} | {rec['served_p99_ms_80']} | {_r(rec['engine_idle_p50_ms'])}"
-                f" ({_r(rec['engine_idle_spaced_p50_ms'])}) | {_r(floor_p50)} |"
+                f" ({_r(rec['engine_idle_spaced_p50_ms'])}) |"
                 f" {rec['lag_p99_ms_80']} |"
             )
-    for w in sorted({r["workload"] for r in records}):
-        pmqos = _floor_p50(out / "floor-pmqos" / w)
-        if pmqos is not None:
-            lines.append(f"\n{w}: bare gRPC p50 @10% with /dev/cpu_dma_latency held at 0: {pmqos} ms")
     by = {(r["system"], r["workload"]): r for r in records}
     for config in configs:
         http, grpc = by.get((f"served-{config}", "A-text-cohere")), by.get((f"served-{config}", "A-text"))

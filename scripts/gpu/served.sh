@@ -1,42 +1,35 @@
 #!/usr/bin/env bash
-# Issue 11's benchmark: one `scorer serve` replica against its engine on the same calls, side by
-# side in one run, on a random Qwen3-0.6B-shaped checkpoint (as sweep.sh):
-#   1. the engine alone: bench/throughput.py, system auto, workloads A, E and A-text (docs/s at
+# One `scorer serve` replica against its engine on the same calls, side by side in one run, on a
+# random Qwen3-0.6B-shaped checkpoint:
+#   1. the engine alone: bench.throughput, system auto, on the same workloads (docs/s at
 #      saturation, one idle call's p50);
-#   2. for each of FRONTENDS (default "0 4": one process; four front-end processes; an entry N:LABEL
-#      also passes the flags of $ARGS_LABEL, e.g. FRONTENDS="4 4:nocache" ARGS_nocache="--prefix-cache-mib 0",
-#      its results named feN-LABEL): the server on
-#      cores 4-15, the load tool on 0-3, an open-loop sweep per workload (A and E as token ids with
-#      template plain, A-text as the load tool's text calls with the reranker template), then 10%
-#      and 80% of each sweep's saturation for p50 and p99.
-#   bash scripts/gpu/served.sh      device: carry [".gpu"] (and ".wheels" with HTTP=1 or PROFILE=1)
-#   env: GPU_TESTS=1 (scripts/gpu/test.sh first), FRONTENDS, WORKLOADS (default "A E A-text"), REQUESTS (calls
-#   in each workload's file, default 4000: the load tool cycles through it, so prompts repeat), STEP (seconds per rate, default 5), PROFILE=1
-#   (py-spy on the last configuration's server at 90% of PROFILE_W's saturation, default A: pyspy-top.txt), HTTP=1 (the
-#   server also on --http-port 8080, and A-text's calls sent to it as Cohere /v2/rerank too:
-#   workload "A-text-cohere", issue 13's HTTP against gRPC on the same calls), SWEEP (rates of every
-#   workload's sweep instead of its own; RATES_A, RATES_E, RATES_A_text: one workload's), ENGINE=0 (no engine run: served.json without the reference),
-#   SERVE_ARGS (more flags for every server, e.g. "--prefix-cache-mib 0"), FLOOR=0 (no floor run: by default
-#   a bare ScoreDocs server, bench.grpc_floor's, which answers at once with no scorer code, takes the load
-#   tool's calls at 10% of the first configuration's saturation on each token-id workload: the p50 of
-#   gRPC's two stacks and the hosts' wake-ups alone, the floor under "p50 @10%"), PMQOS=1 (the light-load
-#   probe and the floor again with scripts/gpu/hold_pmqos.py holding /dev/cpu_dma_latency at 0: pmqos.log, floor-pmqos/)
-#   CHANNELS (the load tool's connections, default 4: SO_REUSEPORT puts them on 2-3 of 4 front ends, README),
-#   LIGHT=RATE (light load only: no sweeps, the "10%" runs and the floor at RATE calls/s; with
-#   PROFILE unset; e.g. LIGHT=62 for A on the H200),
+#   2. for each entry of FRONTENDS (default "0 4": one process; four front-end processes; an entry
+#      N:LABEL also passes the flags of $ARGS_LABEL, e.g. FRONTENDS="4 4:nocache"
+#      ARGS_nocache="--prefix-cache-mib 0", its results named feN-LABEL): the server on cores 4-15,
+#      the load tool on 0-3, an open-loop sweep per workload (A and E as token ids with template
+#      plain, A-text as the load tool's text calls with the reranker template), then 10% and 80% of
+#      each sweep's saturation for p50 and p99, and bench.light_load (one A call at a time, by stage).
+#   bash scripts/gpu/served.sh            (~2 min per configuration and workload)
+#   env: GPU_TESTS=1 (scripts/gpu/test.sh first), FRONTENDS, WORKLOADS (default "A E A-text"),
+#   REQUESTS (calls in each workload's file, default 4000: the load tool cycles through it, so
+#   prompts repeat), STEP (seconds per rate, default 5), HTTP=1 (the server also on --http-port 8080,
+#   and A-text's calls sent to it as Cohere /v2/rerank too: workload "A-text-cohere"), SWEEP (the
+#   rates of every workload's sweep; RATES_A, RATES_E, RATES_A_text: one workload's), ENGINE=0 (no
+#   engine run), SERVE_ARGS (more flags for every server), CHANNELS (the load tool's connections,
+#   default 4: SO_REUSEPORT puts them on 2-3 of 4 front ends), LIGHT=RATE (light load only: no
+#   sweeps, the "10%" runs at RATE calls/s)
 #   -> $OUT/served.json, served.md, engine.json, light_load.json, reports.tgz, server-*.log
 set -euo pipefail
 source scripts/gpu/env.sh
-# the HTTP stack and py-spy (.wheels): only for HTTP=1 and PROFILE=1; the gRPC server and the load
-# tool's gRPC client import none of it, and the tree with .gpu and .wheels outgrew a call's 64 MiB
-if [ "${HTTP:-}" = 1 ] || [ "${PROFILE:-}" = 1 ]; then use_wheels; fi
-[ "${GPU_TESTS:-}" = 1 ] && { bash scripts/gpu/test.sh >/dev/null || echo "GPU tests failed" >&2; tail -1 "$OUT/gpu-tests.log"; }
+# the load tool's HTTP client (aiohttp) and the server's HTTP stack: only for HTTP=1
+if [ "${HTTP:-}" = 1 ]; then use_wheels; fi
+[ "${GPU_TESTS:-}" = 1 ] && { SMOKE=0 bash scripts/gpu/test.sh >/dev/null || echo "GPU tests failed" >&2; tail -1 "$OUT/gpu-tests.log"; }
 FRONTENDS="${FRONTENDS:-0 4}"
 WORKLOADS="${WORKLOADS:-A E A-text}"
-STEP="${STEP:-5}"  # 3 s steps called A saturated at 500/s in session 10; 5 s steps served 582/s
+STEP="${STEP:-5}"  # 3 s steps stop on the warm server's queue settling: A "saturated" at 500/s, held 582/s in 5 s steps
 CKPT=/tmp/ckpt/qwen3-0.6b-random
 random_checkpoint "$CKPT"
-# steps ~3% apart from 0.87 of the engine's rate (session 16: A ~612 calls/s, E ~349, A-text ~499;
+# steps ~3% apart from 0.87 of the engine's rate on an H200 (A ~612 calls/s, E ~349, A-text ~499;
 # with 5% steps E's capacity lay between 0.86 and 0.90 of its engine's)
 declare -A RATES=([A]="530,550,570,590,610,630" [E]="315,325,335,345,355,365,375"
   [A-text]="430,450,470,490,510,530" [A-text-cohere]="430,450,470,490,510,530")
@@ -45,7 +38,7 @@ for w in $WORKLOADS; do
   python3 -m loadtest.gen --out "/tmp/$w.jsonl" --requests "${REQUESTS:-4000}" --seed 1 ${GEN[$w]} >/dev/null
 done
 # the warm-up's calls of the first workload, other prompts (seed 2): with the sweep's own, every call
-# of the sweep's first seconds would be a second sighting, written to the prefix cache (session 20)
+# of the sweep's first seconds would be a second sighting, written to the prefix cache
 # shellcheck disable=SC2086
 python3 -m loadtest.gen --out /tmp/warm-up.jsonl --requests 2000 --seed 2 ${GEN[${WORKLOADS%% *}]} >/dev/null
 cache_w=$(echo "$WORKLOADS" | tr ' ' '\n' | grep -x A-text || true)
@@ -65,13 +58,13 @@ for w in "${!RATES[@]}"; do  # RATES_A, RATES_E, RATES_A_text: one workload's sw
 done
 
 pack() {  # the device returns a handful of files: the load tool's reports travel as one archive
-  (cd "$OUT" && shopt -s nullglob && dirs=(fe*/ floor*/) && [ ${#dirs[@]} -gt 0 ] \
+  (cd "$OUT" && shopt -s nullglob && dirs=(fe*/) && [ ${#dirs[@]} -gt 0 ] \
     && tar czf reports.tgz.part "${dirs[@]}" && mv reports.tgz.part reports.tgz) || true  # a run cut short keeps the last whole one
 }
 finish() {
   [ -n "${pid:-}" ] && kill "$pid" 2>/dev/null || true
   pack
-  cd "$OUT" && rm -rf fe*/ floor/ floor-pmqos/
+  cd "$OUT" && rm -rf fe*/
 }
 trap finish EXIT
 series=$WORKLOADS
@@ -124,46 +117,7 @@ for cfg in $FRONTENDS; do
   # a call's time by stage at light load, one at a time (bench.light_load): where p50 at 10% goes
   [ -f /tmp/A.jsonl ] && taskset -c 0-3 timeout 60 python3 -m bench.light_load --requests /tmp/A.jsonl \
     --gap-ms 0,20 --calls 80 --label "$name" --out "$OUT" || true
-  if [ "${PMQOS:-}" = 1 ] && [ -f /tmp/A.jsonl ]; then  # the same probe with the CPUs' idle states held shallow
-    python3 scripts/gpu/hold_pmqos.py >>"$OUT/pmqos.log" 2>&1 & hold=$!
-    sleep 0.5
-    taskset -c 0-3 timeout 60 python3 -m bench.light_load --requests /tmp/A.jsonl \
-      --gap-ms 0,20 --calls 80 --label "$name-pmqos" --out "$OUT" || true
-    kill $hold; wait $hold 2>/dev/null || true
-  fi
-  if [ "${PROFILE:-}" = 1 ] && [ "$cfg" = "${FRONTENDS##* }" ]; then
-    pw=${PROFILE_W:-A}
-    rate=$(python3 scripts/gpu/served.py share "$OUT/$name/$pw/sweep" 0.9)
-    taskset -c 0-3 python3 -m loadtest.run --target 127.0.0.1:50051 --requests "/tmp/$pw.jsonl" --rate "$rate" \
-      --duration 12 "${COMMON[@]}" --out /tmp/profile-load >"$OUT/profile-load.log" 2>&1 &
-    load=$!
-    sleep 3
-    pyspy_top $pid 8 30
-    wait $load || true
-  fi
   kill -TERM $pid && wait $pid || echo "server exit code $?" >&2
   pid=
 done
-if [ "${FLOOR:-1}" = 1 ]; then
-  taskset -c 4-15 python3 -c 'from bench.grpc_floor import serve; serve("aio", 50061)' >/dev/null 2>&1 &
-  pid=$!
-  python3 -c "import grpc; grpc.channel_ready_future(grpc.insecure_channel('127.0.0.1:50061')).result(timeout=60)"
-  for w in $WORKLOADS; do
-    [ "$w" = A-text ] && continue  # the bare server tokenizes nothing: token-id calls only
-    rate=${LIGHT:-$(python3 scripts/gpu/served.py share "$OUT/${names[0]}/$w/sweep" 0.1)}
-    echo "== floor: a bare gRPC server, $w at $rate calls/s"
-    taskset -c 0-3 python3 -m loadtest.run --target 127.0.0.1:50061 --requests "/tmp/$w.jsonl" --rate "$rate" \
-      --duration 5 "${COMMON[@]:0:${#COMMON[@]}-2}" --out "$OUT/floor/$w/at-0.1" 2>&1 | grep -v '^report:' || true
-    if [ "${PMQOS:-}" = 1 ]; then
-      python3 scripts/gpu/hold_pmqos.py >>"$OUT/pmqos.log" 2>&1 & hold=$!
-      sleep 0.5
-      echo "== floor with /dev/cpu_dma_latency held at 0: $w at $rate calls/s"
-      taskset -c 0-3 python3 -m loadtest.run --target 127.0.0.1:50061 --requests "/tmp/$w.jsonl" --rate "$rate" \
-        --duration 5 "${COMMON[@]:0:${#COMMON[@]}-2}" --out "$OUT/floor-pmqos/$w/at-0.1" 2>&1 | grep -v '^report:' || true
-      kill $hold; wait $hold 2>/dev/null || true
-    fi
-  done
-  kill "$pid" && wait "$pid" 2>/dev/null || true
-  pid=
-fi
 python3 scripts/gpu/served.py summary "$OUT" "${names[@]}" | tee "$OUT/served.md" || true

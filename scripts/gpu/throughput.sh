@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# GPU tests, the host planning of A' (issue 10's 0.5 ms: bench.plan_on_cache), then bench.throughput
-# on a time budget (0.6B: every workload x auto and the schemes auto chooses among; 8B: A, B x auto,
-# cascade; SYSTEMS / SYSTEMS_8B add others, e.g. hf_naive,hf_prefix for the transformers baselines;
-# ROUNDS=3: each 0.6B engine system three times, interleaved, docs/s the median; MODEL_8B=0: no 8B).
-# bash scripts/gpu/final.sh [0.6b_budget_s] [8b_budget_s]   -> $OUT/throughput*.json (and logs)
+# Docs/s and MFU per workload and model: the GPU tests (GPU_TESTS=0 skips them), a batch's host
+# planning of A' on this host (bench.plan_on_cache), then bench.throughput on a time budget (0.6B:
+# every workload x auto and the schemes auto chooses among; 8B: A, B x auto, cascade).
+#   SYSTEMS / SYSTEMS_8B: other systems, e.g. auto,hf_naive,hf_prefix for the transformers baselines;
+#   WORKLOADS (default A,A',E,B,C,D); ROUNDS=3: each 0.6B engine system three times, interleaved,
+#   docs/s the median; MODEL_8B=0: no 8B.
+# bash scripts/gpu/throughput.sh [0.6b_budget_s] [8b_budget_s]   (~6 min)  -> $OUT/throughput*.json, logs
 source scripts/gpu/env.sh
-[ "${GPU_TESTS:-1}" = 1 ] && bash scripts/gpu/test.sh | tail -3
+[ "${GPU_TESTS:-1}" = 1 ] && SMOKE=0 bash scripts/gpu/test.sh | tail -3
 timeout 120 python3 -m bench.plan_on_cache --workload "A'" --out "$OUT" 2>&1 | grep -v Warning | tail -8
 WL="${WORKLOADS:-}" && [ -n "$WL" ] || WL="A,A',E,B,C,D"
 python3 -m bench.throughput --models qwen3-0.6b --workloads "$WL" \
