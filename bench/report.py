@@ -1,6 +1,9 @@
 """Markdown tables and heat maps from the benchmarks' JSON (runs anywhere, no GPU).
 
-python -m bench.report --kernels-dir bench/data --out bench
+python -m bench.report [--data bench/data] [--out bench]
+
+Kernel grids from DATA/kernels (``bench.kernels``), the model level from DATA/cost_model (``bench.e2e``,
+the measurements the packaged cost model is fitted on: a later run of some schemes fills their cells).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ UNGROUPED = tuple(n for n, s in _REG.items() if not s.grouped)
 
 ARTICLE_CELLS = [(p, s, m) for p in (96, 8196) for s in (4, 256) for m in (2, 32)]
 ROWS = list(UNGROUPED) + ["grouped:4", "grouped:8", "grouped:16"]
-# The article's table (section 5.2: FlashInfer 0.6.15.post1, page_size 16, fp16, its GPU), ms.
+# The article's table (its grid of P, S and M: FlashInfer 0.6.15.post1, page_size 16, fp16, its GPU), ms.
 ARTICLE_MS = {
     "naive": [0.037, 0.094, 0.086, 0.437, 9.883, 145.487, 10.469, 154.564],
     "split_cache": [0.049, 0.060, 0.137, 0.404, 5.361, 5.909, 6.039, 14.692],
@@ -210,8 +213,9 @@ def curves_table(e2e: dict) -> str:
 
 
 def eager_vs_graphs_table(e2e: dict) -> str:
-    """Held-out cells: the fastest scheme and the article's pick in session 1's configuration
-    (eager, HF op order) and in the serving one (graphs, fused kernels)."""
+    """Held-out cells: the fastest scheme and the article's pick eager with HF's op order and in
+    the serving configuration (graphs, fused kernels); empty where the run timed no eager forward
+    (``bench.e2e --compare ""``)."""
     from scorer.planning import Shape, article_choice
 
     lines = [
@@ -253,9 +257,12 @@ def e2e_section(e2e: dict) -> str:
     model = CostModel.load()
     parts = [
         "**Forward without attention (attention replaced by a copy), ms**\n\n" + curves_table(e2e),
-        "**Held-out shapes: eager with HF's op order vs CUDA graphs with fused kernels, forward ms**\n\n"
-        + eager_vs_graphs_table(e2e),
     ]
+    if any("results_eager" in c for c in e2e["cells"]):
+        parts.append(
+            "**Held-out shapes: eager with HF's op order vs CUDA graphs with fused kernels, forward ms**\n\n"
+            + eager_vs_graphs_table(e2e)
+        )
     for objective in ("forward", "latency"):
         rows, summary = evaluate(e2e, model, "heldout", objective)
         parts.append(
@@ -274,36 +281,39 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=Path("bench"))
     a = ap.parse_args(argv)
     parts = []
-    art = a.data / "kernels_article.json"
+    kern, model = a.data / "kernels", a.data / "cost_model"
+    art = kern / "kernels_article.json"
     if art.exists():
         d = json.loads(art.read_text())
         parts.append("## Article grid\n\n" + article_tables(d) + "\n" + best_table(d))
-    wide = a.data / "kernels_wide.json"
+    wide = kern / "kernels_wide.json"
     if wide.exists():
         from .cost_fit import merge_grids
 
         fa3 = merge_grids(
-            [json.loads(p.read_text()) for p in (wide, a.data / "kernels_wide_p16384.json") if p.exists()]
+            [json.loads(p.read_text()) for p in (wide, kern / "kernels_wide_p16384.json") if p.exists()]
         )
         parts.append("## Wide grid, FA3\n\n" + best_table(fa3))
         heatmap(
             [c for c in fa3["cells"] if "results" in c], "Kernel time, H200, FA3", a.out / "kernels_wide.png"
         )
-        fa2_path = a.data / "kernels_wide_fa2.json"
+        fa2_path = kern / "kernels_wide_fa2.json"
         if fa2_path.exists():
             fa2 = json.loads(fa2_path.read_text())
             both = merge_grids([fa3, fa2])
             parts.append("## Wide grid, FA2 against FA3 per scheme\n\n" + kernel_ratio_table(fa3, fa2))
             parts.append("## Wide grid, fastest of FA2 and FA3\n\n" + best_table(both))
-    pages = a.data / "kernels_article_pages.json"
+    pages = kern / "kernels_article_pages.json"
     if pages.exists():
         parts.append("## Article grid, page sizes\n\n" + page_size_table(json.loads(pages.read_text())))
     (a.out / "kernels.md").write_text("\n".join(parts))
-    e2e_path = a.data / "e2e.json"
+    e2e_path = model / "e2e.json"
     if e2e_path.exists():
         from scorer.planning import Shape, article_choice
 
-        e2e = json.loads(e2e_path.read_text())
+        from .cost_fit import load_e2e
+
+        e2e = load_e2e(e2e_path, sorted(model.glob("e2e_*.json")))
         (a.out / "e2e.md").write_text("## Model level (Qwen3-0.6B shape, bf16)\n\n" + e2e_section(e2e))
         cells = [c for c in e2e["cells"] if c["split"] == "train"]
         for c in cells:

@@ -11,9 +11,9 @@ import pytest
 from bench.cost_fit import evaluate, fit, load_e2e, merge_grids
 from scorer.planning.cost_model import DATA, CostModel
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "data" / "session15"
-KERNELS = ("refit/kernels_wide.json",)
-E2E = (BENCH / "refit" / "e2e.json", [BENCH / "cascade_refit" / "e2e_cascade.json"])
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "data" / "cost_model"
+KERNELS = ("kernels_wide.json",)
+E2E = (BENCH / "e2e.json", [BENCH / "e2e_cascade.json"])
 KNOWN_MISSES = {
     # (P, S, M): what auto picks and what is fastest, on the engine of session 15 (RESULTS section 21)
     "forward": {(96, 4, 32): ("ragged", "grouped:16"), (64, 12, 3): ("ragged", "naive")},
@@ -29,9 +29,9 @@ def load(name: str) -> dict:
 
 
 def test_packaged_model_is_the_fit_of_the_committed_measurements():
-    """``python -m bench.cost_fit fit bench/data/session15/refit/e2e.json
-    bench/data/session15/refit/kernels_wide.json --e2e-more
-    bench/data/session15/cascade_refit/e2e_cascade.json`` reproduces scorer/planning/cost_model.json."""
+    """``python -m bench.cost_fit fit bench/data/cost_model/e2e.json
+    bench/data/cost_model/kernels_wide.json --e2e-more bench/data/cost_model/e2e_cascade.json``
+    reproduces scorer/planning/cost_model.json."""
     refit = fit(merge_grids([load(k) for k in KERNELS]), load_e2e(*E2E))
     packaged = json.loads(DATA.read_text())
     assert refit["gemm_curve"] == packaged["gemm_curve"]
