@@ -1,8 +1,8 @@
 """Fit and evaluate ``auto``'s cost model (scorer/planning/cost_model.py) from the benchmarks' JSON.
 
-    python -m bench.cost_fit fit bench/data/e2e.json bench/data/kernels_wide.json \
-        bench/data/kernels_wide_p16384.json
-    python -m bench.cost_fit evaluate bench/data/e2e.json [--objective forward|latency]
+    python -m bench.cost_fit fit bench/data/cost_model/e2e.json bench/data/cost_model/kernels_wide.json \
+        --e2e-more bench/data/cost_model/e2e_cascade.json
+    python -m bench.cost_fit evaluate bench/data/cost_model/e2e.json [--objective forward|latency]
     (``--e2e-more`` to both: later runs of some schemes that replace their results cell by cell)
 
 ``fit`` writes the predictor's data file, ``scorer/planning/cost_model.json``; ``evaluate`` compares

@@ -167,3 +167,26 @@ def test_every_benchmark_imports_without_a_gpu_and_answers_help(name, monkeypatc
         module.main()
     assert stop.value.code == 0
     assert "usage:" in capsys.readouterr().out
+
+
+def test_results_name_only_what_the_tree_holds_and_every_data_file_is_named():
+    """Every ``python -m bench.X``, script and data path in bench/RESULTS.md exists, and every
+    file under bench/data lies under a path the page names (the data behind its tables only)."""
+    import fnmatch
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "bench" / "RESULTS.md").read_text()
+    for module in set(re.findall(r"python -m bench\.(\w+)", text)):
+        assert (root / "bench" / f"{module}.py").exists(), module
+    for script in set(re.findall(r"scripts/[\w/]+\.(?:sh|py)", text)):
+        assert (root / script).exists(), script
+    named = {m.rstrip(".,") for m in re.findall(r"bench/data/[\w./*-]+", text)}
+    files = [p.relative_to(root).as_posix() for p in (root / "bench" / "data").rglob("*") if p.is_file()]
+    for path in named:
+        assert any(
+            f == path or f.startswith(path.rstrip("/") + "/") or fnmatch.fnmatch(f, path) for f in files
+        ), path
+    for f in files:
+        assert any(f == n or f.startswith(n.rstrip("/") + "/") or fnmatch.fnmatch(f, n) for n in named), f
