@@ -15,7 +15,7 @@ BENCH = Path(__file__).resolve().parents[1] / "bench" / "data" / "cost_model"
 KERNELS = ("kernels_wide.json",)
 E2E = (BENCH / "e2e.json", [BENCH / "e2e_cascade.json"])
 KNOWN_MISSES = {
-    # (P, S, M): what auto picks and what is fastest, on the engine of session 15 (RESULTS section 21)
+    # (P, S, M): what auto picks and what is fastest on the measured engine (bench/RESULTS.md, model level)
     "forward": {(96, 4, 32): ("ragged", "grouped:16"), (64, 12, 3): ("ragged", "naive")},
     "latency": {
         (96, 4, 32): ("ragged", "grouped:16"),

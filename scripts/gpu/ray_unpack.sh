@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run 1 on the GPU machine (carry .ray-bundle, built by ray_bundle.sh): unpacks the Ray Serve
+# On a GPU machine without network (.ray-bundle/ copied there, built by ray_bundle.sh): unpacks the Ray Serve
 # archive with Python's tarfile into /tmp/ray-site, each distribution the image lacks (the image's
 # own copy is kept where it has one at the same version or newer), and checks that Ray and Serve
 # import from there. /tmp outlives the run while the machine stays warm: start run 2
@@ -8,7 +8,7 @@
 set -euo pipefail
 ARCHIVE=.ray-bundle/ray-serve-2.60.0-cp312.tar.xz
 SITE=/tmp/ray-site
-[ -f "$ARCHIVE" ] || { echo "no $ARCHIVE: run scripts/gpu/ray_bundle.sh and carry .ray-bundle" >&2; exit 1; }
+[ -f "$ARCHIVE" ] || { echo "no $ARCHIVE: run scripts/gpu/ray_bundle.sh and copy .ray-bundle/ here" >&2; exit 1; }
 rm -rf "$SITE"
 python3 - "$ARCHIVE" "$SITE" <<'PY'
 import importlib.metadata as md

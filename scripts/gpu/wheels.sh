@@ -6,7 +6,7 @@
 # grpcio, protobuf, prometheus-client, transformers and numpy, and may have typing-extensions,
 # anyio, h11, idna, click or attrs (through torch, transformers' huggingface-hub, hypothesis) but at
 # versions unknown here (pydantic and anyio want typing-extensions >= 4.16), so ours travel too and
-# go first on the path. scripts/gpu/http_vs_grpc.sh installs them; carry .wheels with the run.
+# go first on the path. scripts/gpu/env.sh's use_wheels installs them where .wheels/ is present on the GPU machine.
 #   bash scripts/gpu/wheels.sh [python of the venv, default .venv/bin/python]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
