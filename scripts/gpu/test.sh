@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The GPU tests, then each GPU benchmark on a tiny grid (a broken benchmark fails here, not in a long
 # run), in one call of a few minutes: bash scripts/gpu/test.sh [pytest args]
+#   needs the test tools too: pip install -e '.[gpu,dev]'
 #   SMOKE=0: the tests alone
 #   -> $OUT/gpu-tests.log, gpu-tests.xml (junit), machine.txt, smoke/ (the benchmarks' JSON), smoke.log
 # Exit status: the tests' (a smoke run that fails is reported in smoke.log and on stderr).
 source scripts/gpu/env.sh
+python3 -c "import pytest, hypothesis" || { echo "the tests need pytest and hypothesis: pip install -e '.[gpu,dev]'" >&2; exit 1; }
 python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider --junitxml="$OUT/gpu-tests.xml" "$@" 2>&1 \
   | tee "$OUT/gpu-tests.log"
 rc=${PIPESTATUS[0]}
