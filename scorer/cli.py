@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import logging
 import re
@@ -33,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "serve":
+        if args.http_port and importlib.util.find_spec("fastapi") is None:
+            parser.error("--http-port needs the HTTP extra: pip install 'scorer[http]'")
         try:
             from .server import app
         except ImportError as e:  # the gRPC server is not part of this build

@@ -194,3 +194,13 @@ def test_a_scheme_or_template_is_checked_when_the_arguments_are_parsed(tmp_path,
     with pytest.raises(SystemExit):
         cli.main(["score", "--prompt", "q", "--docs", "d", "--template", "nope"])
     assert "qwen3_reranker" in capsys.readouterr().err
+
+
+def test_http_port_without_the_http_extra_is_one_line(monkeypatch, capsys):
+    real = cli.importlib.util.find_spec
+    monkeypatch.setattr(
+        cli.importlib.util, "find_spec", lambda name: None if name == "fastapi" else real(name)
+    )
+    with pytest.raises(SystemExit) as done:
+        cli.main(["serve", "--http-port", "8080"])
+    assert done.value.code == 2 and "pip install 'scorer[http]'" in capsys.readouterr().err
