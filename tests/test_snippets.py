@@ -191,3 +191,9 @@ def test_info_reports_the_models_positions_as_the_longest_input(server):
         info = json.load(r)
     assert info["limits"]["max_doc_tokens"] == 8192 and info["limits"]["max_positions"] == 4096
     assert info["max_input_length"] == 4096
+
+
+def test_the_api_pages_client_is_the_example_clients_code():
+    (snippet,) = [s for s in snippets(ROOT / "docs" / "api.md") if "def rank(" in s.code]
+    rank = snippet.code[snippet.code.index("def rank(") : snippet.code.index("\n\n\nresponse = ")]
+    assert rank in (ROOT / "examples" / "client.py").read_text()
