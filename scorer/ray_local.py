@@ -29,7 +29,7 @@ lets load balancers on other hosts learn first; this machine's HAProxy learns at
 stops Serve in seconds."""
 
 
-def parse(argv: list[str] | None) -> tuple[argparse.Namespace, dict[str, str]]:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m scorer.ray_local", description=__doc__.split("\n\n")[0])
     p.add_argument("--host", default="127.0.0.1", help="address of the proxies and the metrics")
     p.add_argument("--grpc-port", type=int, default=9000)
@@ -72,6 +72,11 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, dict[str, str]]:
     p.add_argument("--num-cpus", type=int, help="CPUs of the local Ray (default: all)")
     p.add_argument("--quiet", action="store_true", help="the replicas' logs stay in Ray's log files")
     p.add_argument("args", nargs="*", metavar="KEY=VALUE", help="ScorerArgs of the application")
+    return p
+
+
+def parse(argv: list[str] | None) -> tuple[argparse.Namespace, dict[str, str]]:
+    p = build_parser()
     ns = p.parse_intermixed_args(argv)  # KEY=VALUE before or after the flags
     app_args = {}
     for item in ns.args:
