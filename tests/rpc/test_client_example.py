@@ -25,4 +25,3 @@ def test_readme_client_example_runs_against_a_live_server(server):
     scores = [float(line.split()[2]) for line in lines[:2]]
     assert scores == sorted(scores, reverse=True)
     assert "request_id=example-1" in lines[2] and f"model={NAME}" in lines[2]
-
