@@ -1,18 +1,32 @@
-# Quick start: `make serve` and `make test`; both create .venv and install on first use.
+# Quick start: `make serve` and `make test`; both create .venv and install on first use, at the exact
+# versions of constraints.txt. `make serve` installs what serving needs (the package and its HTTP
+# extra); `make test` the dev extra (Ray, the SDKs the tests drive, ruff, ...).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install --progress-bar on -c constraints.txt
 STAMP := $(VENV)/.installed
+SERVE_STAMP := $(VENV)/.installed-serve
 
-.PHONY: setup test lint proto proto-check serve score deploy-local gpu-test clean
+.PHONY: setup serve-setup test lint proto proto-check serve score deploy-local clean
 
 setup: $(STAMP)
+serve-setup: $(SERVE_STAMP)
 
-$(STAMP): pyproject.toml
+$(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
-	touch $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt | $(VENV)/bin/python
+	@echo "installing scorer[dev] into $(VENV) (first run: a few minutes)..."
+	$(PIP) -q --upgrade pip
+	$(PIP) -e '.[dev]'
+	touch $(STAMP) $(SERVE_STAMP)
+
+$(SERVE_STAMP): pyproject.toml constraints.txt | $(VENV)/bin/python
+	@echo "installing scorer[http] into $(VENV) (first run: a minute or two)..."
+	$(PIP) -q --upgrade pip
+	$(PIP) -e '.[http]'
+	touch $(SERVE_STAMP)
 
 PROTO_GEN = $(PY) -m grpc_tools.protoc -Iproto --python_out=. --grpc_python_out=. --pyi_out=. proto/scorer/v1/scorer.proto
 
@@ -36,10 +50,12 @@ test: setup lint
 	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q
 	SCORER_TEST_SERVER_ARGS="--frontends 2" $(PY) -m pytest -q tests/rpc --ignore=tests/rpc/test_frontends.py
 
-score: setup
-	$(VENV)/bin/scorer score --prompt "what is a shared prefix" --docs examples/docs.jsonl
+# SCORE_ARGS: more flags of scorer score (scorer score --help)
+score: serve-setup
+	$(VENV)/bin/scorer score --prompt "what is a shared prefix" --docs examples/docs.jsonl $(SCORE_ARGS)
 
-serve: setup
+# SERVE_ARGS: more flags of scorer serve (scorer serve --help; docs/operating.md)
+serve: serve-setup
 	$(VENV)/bin/scorer serve --http-port 8080 $(SERVE_ARGS)
 
 # Ray Serve on this machine (CPU replicas): gRPC 127.0.0.1:9000, HTTP :8000/scorer, the replica's

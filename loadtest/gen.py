@@ -219,6 +219,7 @@ def _prompt(cfg: GenConfig, source: TextSource, rng: np.random.Generator, n: int
 
 
 def write_jsonl(requests: Sequence[scorer_pb2.ScoreDocsRequest], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)  # out/requests.jsonl in a fresh clone
     with path.open("w") as f:
         for req in requests:
             f.write(json_format.MessageToJson(req, preserving_proto_field_name=True, indent=None) + "\n")

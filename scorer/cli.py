@@ -4,23 +4,29 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import logging
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from tqdm import tqdm
-
-from .engine import Engine
-from .readout import DocScore
-from .request import Doc, InvalidInput, Job, ScoreOptions, ScoreRequest
 from .settings import SCORE, SERVE, add_arguments, add_request_arguments, from_args, request_options
 
+# torch, transformers and the engine are imported after the arguments are parsed: --help and a
+# bad flag answer at once.
+if TYPE_CHECKING:
+    from .engine import Engine
+    from .request import Doc, Job, ScoreOptions
+
 CHUNK_DOCS = 256  # docs per request when a file is large, so the progress bar moves
-DESCRIPTION = "Score documents against a prompt: scorer score (a JSONL file) or scorer serve (gRPC)."
+DESCRIPTION = "Score documents against a prompt: scorer score (a JSONL file) or scorer serve (gRPC and HTTP)."
 SCORE_HELP = 'score a JSONL file of docs ({"text": ..., "id": ...} per line) and print one JSON line per doc'
-SERVE_HELP = "run the gRPC ScoreDocs service"
+SERVE_HELP = (
+    "serve gRPC ScoreDocs and, with --http-port, the HTTP rerank routes (Cohere, Jina, TEI), with"
+    " Prometheus /metrics"
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "serve":
+        if args.http_port and importlib.util.find_spec("fastapi") is None:
+            parser.error("--http-port needs the HTTP extra: pip install 'scorer[http]'")
         try:
             from .server import app
         except ImportError as e:  # the gRPC server is not part of this build
@@ -64,7 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _score(args: argparse.Namespace) -> int:
     """Read and check every doc and setting, then score, then print: an error prints no result."""
+    from tqdm import tqdm
+
     from .attention import BackendUnavailable
+    from .request import InvalidInput
 
     try:
         settings = from_args(args, SCORE)
@@ -81,7 +92,7 @@ def _score(args: argparse.Namespace) -> int:
     except InvalidInput as e:
         return _fail(e)
     schemes: set[str] = set()
-    scored: list[tuple[int, DocScore, str]] = []
+    scored = []
     with tqdm(total=len(docs), unit="doc", file=sys.stderr, disable=len(docs) < CHUNK_DOCS) as bar:
         for start, job in jobs:
             (result,) = engine.score_batch([job])
@@ -111,6 +122,8 @@ def _tokenize(
 ) -> list[tuple[int, Job]]:
     """(start, job) per chunk of CHUNK_DOCS docs, every chunk checked before any is scored; an
     InvalidInput names the doc by its index in the file (``docs[299].text``)."""
+    from .request import InvalidInput, ScoreRequest
+
     jobs = []
     for start in range(0, max(len(docs), 1), CHUNK_DOCS):
         chunk = docs[start : start + CHUNK_DOCS]
@@ -127,6 +140,8 @@ def read_docs(path: Path) -> list[Doc]:
     """The docs of a JSONL file. Blank lines are skipped; a doc's id is its "id" (a string as is,
     a number or other JSON value as its JSON text) or, missing or null, its index among the docs.
     A bad line raises ValueError naming ``path:line``."""
+    from .request import Doc
+
     docs = []
     with path.open("rb") as f:
         for n, raw in enumerate(f, 1):

@@ -18,6 +18,7 @@ import torch
 
 from . import readout
 from .devices import to_device
+from .options import GPU_MIN_CACHE_READ_TOKENS, MAX_DOC_TOKENS, MAX_DOCS
 from .planning import AUTO, Plan, PlanError, Scheme, Shape, get, plan_batch
 from .planning.cached import on_pool, with_pool_copies
 from .planning.choose import auto_policy
@@ -52,8 +53,8 @@ __all__ = [
 
 @dataclass(frozen=True)
 class EngineConfig:
-    max_docs: int = 1024
-    max_doc_tokens: int = 8192
+    max_docs: int = MAX_DOCS
+    max_doc_tokens: int = MAX_DOC_TOKENS
     group_size: int = DEFAULT_GROUP_SIZE
     max_custom_mask_tokens: int = 32768
     max_tokens_per_pass: int = 0  # 0: no limit; a larger request is split, reusing its prompt's K/V
@@ -68,14 +69,6 @@ class EngineConfig:
     """A batch reads prompt K/V from the prefix cache only where that saves at least this many
     rows of its forward; a batch whose hits save fewer computes its prompts (and writes the blocks
     it was to write). None: ``GPU_MIN_CACHE_READ_TOKENS`` on a GPU, 0 (every hit read) elsewhere."""
-
-
-GPU_MIN_CACHE_READ_TOKENS = 1024
-"""On the H200 a batch on the cache's pool pays ~1.1 ms + 0.07 ms per 1k rows for its paged reads
-against the same batch off it, and a row of the 0.6B model's forward ~2 us (section 26's E
-batches: 3 calls that hit, 576 rows saved, ran 3% slower than computing their prompts; 3 of 11
-calls that hit, 576 rows, 5.5% slower; 11 that hit, 2,112 rows, 6.5% faster): a read pays from
-~600-1,100 rows saved, more in larger batches. A lone A call that hits saves 300."""
 
 
 @dataclass(frozen=True)

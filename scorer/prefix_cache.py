@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from . import metrics
+from .options import CPU_AUTO_MIB, GPU_AUTO_SHARE
 from .planning.cached import NO_HIT, PrefixHit
 
 BLOCK = 16
@@ -47,11 +48,6 @@ RECENT = 256
 SEEN = 1 << 16
 """Block chains remembered as seen-but-not-cached, for admission on a later sighting, at most
 (fewer where the pool holds fewer blocks)."""
-CPU_AUTO_MIB = 64
-"""``--prefix-cache-mib auto`` on the CPU."""
-GPU_AUTO_SHARE = 0.4
-"""``--prefix-cache-mib auto`` on a GPU: this share of the memory free after the model loaded
-(the rest is left to activations, CUDA graphs and the K/V of plans off the cache)."""
 
 
 def slot_bytes(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:

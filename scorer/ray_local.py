@@ -4,10 +4,13 @@ the scorer application; Ctrl-C (or SIGTERM) shuts Serve and Ray down and exits 0
     make deploy-local                       # CPU replicas, the embedded toy model
     python -m scorer.ray_local --num-gpus 1 model=/models/Qwen3-Reranker-0.6B max_wait_ms=1
 
-The ports are fixed (flags); once the replicas are up, one line says where everything listens:
-gRPC (``scorer.v1.Scorer``, ``grpc.health.v1.Health``), HTTP (the rerank routes under
-``/scorer``), each replica's ``scorer_`` metrics and Ray's own metrics. ``key=value`` arguments
-are the application's ``ScorerArgs`` (docs/ray.md).
+Every port it opens is a flag; a port another process listens on (another Ray, another
+HAProxy) stops it before Ray starts, with one line naming the flag. The proxies and the replicas'
+metrics bind ``--host``; HAProxy's stats and metrics ports bind every interface (Ray's HAProxy
+template). Once the replicas are up, one line says where everything listens: gRPC
+(``scorer.v1.Scorer``, ``grpc.health.v1.Health``), HTTP (the rerank routes under ``/scorer``),
+each replica's ``scorer_`` metrics and Ray's own metrics. ``key=value`` arguments are the
+application's ``ScorerArgs`` (docs/ray.md).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import sys
 import threading
 
@@ -25,13 +29,37 @@ lets load balancers on other hosts learn first; this machine's HAProxy learns at
 stops Serve in seconds."""
 
 
-def parse(argv: list[str] | None) -> tuple[argparse.Namespace, dict[str, str]]:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m scorer.ray_local", description=__doc__.split("\n\n")[0])
     p.add_argument("--host", default="127.0.0.1", help="address of the proxies and the metrics")
     p.add_argument("--grpc-port", type=int, default=9000)
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--metrics-port", type=int, default=9464, help="the replicas' scorer_ metrics (first)")
     p.add_argument("--ray-metrics-port", type=int, default=9465, help="Ray's own metrics (ray_serve_...)")
+    p.add_argument(
+        "--haproxy-stats-port", type=int, default=8404, help="HAProxy's stats page (every interface)"
+    )
+    p.add_argument(
+        "--haproxy-metrics-port",
+        type=int,
+        default=9101,
+        help="HAProxy's Prometheus metrics (every interface)",
+    )
+    p.add_argument(
+        "--replica-grpc-ports",
+        type=port_range,
+        default=(40000, 41000),
+        metavar="LOW-HIGH",
+        help="ports the replicas' own gRPC servers take, behind HAProxy (another Ray on this host: a"
+        " range of its own)",
+    )
+    p.add_argument(
+        "--replica-http-ports",
+        type=port_range,
+        default=(30000, 31000),
+        metavar="LOW-HIGH",
+        help="ports the replicas' own HTTP servers take, behind HAProxy",
+    )
     p.add_argument("--replicas", type=int, default=1)
     p.add_argument(
         "--num-gpus",
@@ -44,6 +72,11 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, dict[str, str]]:
     p.add_argument("--num-cpus", type=int, help="CPUs of the local Ray (default: all)")
     p.add_argument("--quiet", action="store_true", help="the replicas' logs stay in Ray's log files")
     p.add_argument("args", nargs="*", metavar="KEY=VALUE", help="ScorerArgs of the application")
+    return p
+
+
+def parse(argv: list[str] | None) -> tuple[argparse.Namespace, dict[str, str]]:
+    p = build_parser()
     ns = p.parse_intermixed_args(argv)  # KEY=VALUE before or after the flags
     app_args = {}
     for item in ns.args:
@@ -54,8 +87,62 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, dict[str, str]]:
     return ns, app_args
 
 
+def port_range(text: str) -> tuple[int, int]:
+    low, sep, high = text.partition("-")
+    try:
+        lo, hi = int(low), int(high)
+    except ValueError:
+        lo = hi = -1
+    if not sep or not 0 < lo < hi <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not LOW-HIGH, two ports with LOW < HIGH")
+    return lo, hi
+
+
+def listened_ports(ns: argparse.Namespace) -> list[tuple[str, str, int, str]]:
+    """(flag, what, port, address it binds) of every fixed port this deployment listens on."""
+    every = "0.0.0.0"
+    return [
+        ("--grpc-port", "Serve's gRPC ingress", ns.grpc_port, ns.host),
+        ("--http-port", "Serve's HTTP ingress", ns.http_port, ns.host),
+        ("--ray-metrics-port", "Ray's metrics", ns.ray_metrics_port, every),
+        ("--haproxy-stats-port", "HAProxy's stats", ns.haproxy_stats_port, every),
+        ("--haproxy-metrics-port", "HAProxy's metrics", ns.haproxy_metrics_port, every),
+    ]
+
+
+def taken_port(ns: argparse.Namespace) -> str | None:
+    """One line naming the first port another process listens on, or None."""
+    for name, what, port, host in listened_ports(ns):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port in TIME_WAIT is free
+            try:
+                s.bind((host, port))
+            except OSError as e:
+                return (
+                    f"port {port} ({what}, {name}) on {host} is taken ({e.strerror}): another process"
+                    f" listens there, perhaps another Ray; pick a free one with {name} PORT"
+                )
+    return None
+
+
+def ray_env(ns: argparse.Namespace) -> dict[str, str]:
+    """Ray's variables for the ports that only its environment sets."""
+    return {
+        "RAY_SERVE_HAPROXY_STATS_PORT": str(ns.haproxy_stats_port),
+        "RAY_SERVE_HAPROXY_METRICS_PORT": str(ns.haproxy_metrics_port),
+        "RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT": str(ns.replica_grpc_ports[0]),
+        "RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT": str(ns.replica_grpc_ports[1]),
+        "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(ns.replica_http_ports[0]),
+        "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(ns.replica_http_ports[1]),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ns, app_args = parse(argv)
+    taken = taken_port(ns)
+    if taken:
+        print(taken, file=sys.stderr)
+        return 2
     # imported here: --help and bad flags answer without Ray's import time
     import ray
     from pydantic import ValidationError
@@ -82,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for key, value in {**RAY_ENV, **LOCAL_ENV}.items():  # before Ray starts: its processes inherit them
         os.environ.setdefault(key, value)
+    os.environ.update(ray_env(ns))  # the flags'
     stop = threading.Event()
     context = ray.init(
         address="local",

@@ -13,17 +13,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from .options import (
+    DOC_SPECIAL_TOKENS,
+    MAX_DOC_BYTES,
+    MAX_REQUEST_BYTES,
+    PREFIX_CACHE_MODES,
+    SCORE_MODES,
+    TRUNCATE_MODES,
+    ScoreOptions,
+)
 from .planning import Scheme, Shape, names
 from .planning.base import MAX_ITEM_LEN, PlanError
 
-SCORE_MODES = ("softmax", "logprob")
-TRUNCATE_MODES = ("error", "doc_end")
-DOC_SPECIAL_TOKENS = ("parse", "text")  # the choices of special_tokens and doc_special_tokens
-PREFIX_CACHE_MODES = ("off",)  # the choices of prefix_cache besides "" (use the cache)
 MAX_CACHE_SALT = 256  # characters
 DEFAULT_LABELS = ("yes", "no")
-MAX_DOC_BYTES = 1 << 20  # UTF-8 bytes of one doc's text
-MAX_REQUEST_BYTES = 16 << 20  # of the prompt, instruction and every doc's text
 
 
 class InvalidInput(ValueError):
@@ -84,24 +87,6 @@ class Doc:
     text: str = ""
     id: str = ""
     token_ids: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class ScoreOptions:
-    scheme: str = "auto"
-    template: str = "qwen3_reranker"
-    label_tokens: tuple[str, ...] = ()  # (): DEFAULT_LABELS
-    label_token_ids: tuple[int, ...] = ()
-    score_mode: str = "softmax"  # softmax: P(label 0) over the labels; logprob: log P(label 0)
-    truncate: str = "error"
-    max_doc_tokens: int = 0  # 0: the engine's limit
-    group_size: int = 0  # for ``grouped``; 0: the engine's default
-    doc_special_tokens: str = ""  # docs only: "" (special_tokens'), parse or text
-    special_tokens: str = ""  # every caller text: "" (parse), parse or text (control tokens stay text)
-    top_n: int = 0  # 0: every doc in input order; n: the best n by score, ties in input order
-    return_label_logprobs: bool = False  # the answer carries each doc's label log-probs
-    prefix_cache: str = ""  # "": read and write the prefix cache; "off": neither
-    cache_salt: str = ""  # calls with different salts never share cached K/V
 
 
 @dataclass(frozen=True)

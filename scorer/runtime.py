@@ -14,11 +14,11 @@ from .config import ModelConfig
 from .engine import Engine, EngineConfig
 from .models.loader import load_model
 from .models.tiny import ensure_tiny_model
+from .options import MODEL_KERNELS
 from .prefix_cache import PrefixCache, auto_mib
 from .runner import ModelRunner
 
 log = logging.getLogger(__name__)
-MODEL_KERNELS = ("auto", "torch", "flashinfer", "fused")
 
 
 def model_kernels(name: str, backend: str, device_type: str) -> str:

@@ -19,24 +19,30 @@ import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-import torch
-
-from .attention import BACKENDS, FALLBACKS
-from .engine import GPU_MIN_CACHE_READ_TOKENS, Engine, EngineConfig
-from .planning import names as scheme_names
-from .planning.choose import AUTO_POLICIES
-from .prefix_cache import CPU_AUTO_MIB, GPU_AUTO_SHARE
-from .request import (
+from .options import (
+    BACKENDS,
+    CPU_AUTO_MIB,
     DOC_SPECIAL_TOKENS,
+    DTYPE_NAMES,
+    FALLBACKS,
+    GPU_AUTO_SHARE,
+    GPU_MIN_CACHE_READ_TOKENS,
+    MAX_DOC_BYTES,
+    MAX_DOC_TOKENS,
+    MAX_DOCS,
+    MAX_REQUEST_BYTES,
+    MODEL_KERNELS,
     PREFIX_CACHE_MODES,
     SCORE_MODES,
-    TEMPLATES,
     TRUNCATE_MODES,
     ScoreOptions,
 )
-from .runtime import MODEL_KERNELS
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Nothing here imports torch or the engine at module level: the command line parses its
+# arguments (and answers --help or a bad flag) before the model stack loads.
+if typing.TYPE_CHECKING:
+    from .engine import Engine, EngineConfig
+
 SERVE, SCORE, RAY = "serve", "score", "ray"
 EVERY = (SERVE, SCORE, RAY)
 SERVERS = (SERVE, RAY)
@@ -68,6 +74,8 @@ def _positive(v):
 def _device(v):
     if not re.fullmatch(r"cpu|cuda(:\d+)?", v):
         return "is not cpu, cuda or cuda:N"
+    import torch
+
     if v != "cpu" and not torch.cuda.is_available():
         return "needs CUDA, which this machine does not have (torch.cuda.is_available() is False)"
     return None
@@ -94,6 +102,12 @@ def _auto_or_count(unit: str = "", most: int | None = None):
         return None if n >= 0 else "is less than 0"
 
     return check
+
+
+def _auto_policy(v):
+    from .planning.choose import AUTO_POLICIES  # beside the schemes, so checked after parsing
+
+    return None if v in AUTO_POLICIES else f"is not one of {', '.join(AUTO_POLICIES)}"
 
 
 def _file(v):
@@ -134,7 +148,7 @@ class Settings:
         None, "cpu, cuda or cuda:N (default: cuda when available)", scopes=EVERY, check=_device
     )
     dtype: str | None = setting(
-        None, "default: bfloat16 on cuda, float32 on cpu", choices=tuple(DTYPES), scopes=EVERY
+        None, "default: bfloat16 on cuda, float32 on cpu", choices=DTYPE_NAMES, scopes=EVERY
     )
     model_kernels: str = setting(
         "auto",
@@ -159,10 +173,11 @@ class Settings:
         check=at_least(0),
     )
     auto_policy: str = setting(
-        EngineConfig.auto_policy,
+        "default",
         "how scheme=auto picks: calibrated (H200 cost model), article (section 5.3), ragged, or default"
         " (calibrated on FlashInfer, ragged on the CPU, the article's guide for torch on a GPU)",
-        choices=AUTO_POLICIES,
+        metavar="POLICY",
+        check=_auto_policy,
         scopes=EVERY,
     )
     prefix_cache_mib: str | int = setting(
@@ -190,15 +205,15 @@ class Settings:
         check=_auto_or_count("tokens"),
     )
     # limits of a call
-    max_docs: int = setting(EngineConfig.max_docs, "documents per call", check=at_least(1))
-    max_doc_tokens: int = setting(EngineConfig.max_doc_tokens, "tokens per document", check=at_least(1))
+    max_docs: int = setting(MAX_DOCS, "documents per call", check=at_least(1))
+    max_doc_tokens: int = setting(MAX_DOC_TOKENS, "tokens per document", check=at_least(1))
     max_doc_bytes: int = setting(
-        EngineConfig.max_doc_bytes,
+        MAX_DOC_BYTES,
         "UTF-8 bytes of one document's text, checked before any work",
         check=at_least(1),
     )
     max_request_bytes: int = setting(
-        EngineConfig.max_request_bytes,
+        MAX_REQUEST_BYTES,
         "UTF-8 bytes of a call's text (prompt, instruction, docs), checked first",
         check=at_least(1),
     )
@@ -326,6 +341,8 @@ class Settings:
                 raise ValueError(f"{flag(f.name)} ({f.name}): {value!r} {problem}")
 
     def engine_config(self) -> EngineConfig:
+        from .engine import EngineConfig
+
         return EngineConfig(
             max_docs=self.max_docs,
             max_doc_tokens=self.max_doc_tokens,
@@ -354,13 +371,15 @@ class Settings:
         )
 
     def build_engine(self, config: EngineConfig | None = None) -> Engine:
+        import torch
+
         from .runtime import build_engine
 
         return build_engine(
             self.model,
             self.attention_backend,
             self.device,
-            DTYPES[self.dtype] if self.dtype else None,
+            getattr(torch, self.dtype) if self.dtype else None,
             config or self.engine_config(),
             attention_fallback=self.attention_fallback,
             kernels=self.model_kernels,
@@ -402,8 +421,9 @@ def scorer_args_model():
 
 
 REQUEST_HELP = {
-    "scheme": "shared-prefix scheme, or auto (chosen by shape)",
-    "template": "prompt template",
+    "scheme": "shared-prefix scheme (naive, ragged, cascade, multi_item, ...; docs/schemes.md), or auto"
+    " (chosen by shape)",
+    "template": "prompt template (qwen3_reranker, plain, ...)",
     "label_tokens": "label words, each a single vocabulary token (default: yes no)",
     "label_token_ids": "label token ids instead of --label-tokens",
     "score_mode": "softmax: P(first label) over the labels; logprob: log P(first label)",
@@ -419,23 +439,50 @@ REQUEST_HELP = {
     "cache_salt": "calls with different salts never share cached prompt K/V",
 }
 REQUEST_CHOICES = {
-    "scheme": scheme_names,
-    "template": lambda: tuple(TEMPLATES),
-    "score_mode": lambda: SCORE_MODES,
-    "truncate": lambda: TRUNCATE_MODES,
-    "doc_special_tokens": lambda: DOC_SPECIAL_TOKENS,
-    "special_tokens": lambda: DOC_SPECIAL_TOKENS,
-    "prefix_cache": lambda: PREFIX_CACHE_MODES,
+    "score_mode": SCORE_MODES,
+    "truncate": TRUNCATE_MODES,
+    "doc_special_tokens": DOC_SPECIAL_TOKENS,
+    "special_tokens": DOC_SPECIAL_TOKENS,
+    "prefix_cache": PREFIX_CACHE_MODES,
 }
 
 
+def _scheme_names() -> tuple[str, ...]:
+    from .planning import names
+
+    return names()
+
+
+def _template_names() -> tuple[str, ...]:
+    from .request import TEMPLATES
+
+    return tuple(TEMPLATES)
+
+
+def _registered(names):
+    """An argparse type for a value of a registry (schemes, templates) that lives beside torch:
+    the registry is imported only when the flag is given, so a scheme registered before the
+    arguments are parsed is accepted."""
+
+    def check(value: str) -> str:
+        known = names()
+        if value not in known:
+            raise argparse.ArgumentTypeError(f"invalid choice: {value!r} (choose from {', '.join(known)})")
+        return value
+
+    return check
+
+
+REQUEST_REGISTRIES = {"scheme": _scheme_names, "template": _template_names}
+
+
 def add_request_arguments(parser: argparse.ArgumentParser) -> None:
-    """One flag per ``ScoreOptions`` field (choices read when the parser is built, so a scheme
-    registered before then is offered)."""
+    """One flag per ``ScoreOptions`` field."""
     hints = typing.get_type_hints(ScoreOptions)
     for f in fields(ScoreOptions):
-        choices = REQUEST_CHOICES.get(f.name)
-        meta = {"help": REQUEST_HELP[f.name], "choices": choices() if choices else None}
+        meta = {"help": REQUEST_HELP[f.name], "choices": REQUEST_CHOICES.get(f.name)}
+        if f.name in REQUEST_REGISTRIES:
+            meta |= {"type": _registered(REQUEST_REGISTRIES[f.name]), "metavar": "NAME"}
         _add(parser, f.name, meta, hints[f.name], f.default)
 
 
@@ -461,4 +508,6 @@ def _add(parser: argparse.ArgumentParser, name: str, meta, hint, default) -> Non
         kw["type"] = typing.get_args(hint)[0]
     elif hint in (int, float):
         kw["type"] = hint
+    if meta.get("type"):
+        kw["type"] = meta["type"]
     parser.add_argument(flag(name), **kw)

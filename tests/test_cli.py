@@ -4,12 +4,18 @@ request options work as flags, and every flag is explained."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from scorer import cli
 from scorer.engine import Engine
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(autouse=True)
@@ -131,3 +137,70 @@ def test_help_prints(capsys, command):
     with pytest.raises(SystemExit) as done:
         cli.main([command, "--help"])
     assert done.value.code == 0 and "--device" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--help"],
+        ["serve", "--help"],
+        ["score", "--help"],
+        ["serve", "--no-such-flag"],
+        ["serve", "--port", "x"],
+    ],
+)
+def test_help_and_argument_errors_answer_before_the_model_stack_is_imported(argv):
+    """``scorer --help``, ``scorer serve --help`` and a bad flag take a few hundredths of a second
+    because nothing heavy is imported before the arguments are parsed: the modules a process has
+    imported when argparse exits are counted, not the clock (torch alone takes ~2 s to import on
+    a 2-core machine)."""
+    probe = (
+        "import sys\n"
+        "from scorer import cli\n"
+        "try:\n"
+        f"    cli.main({argv!r})\n"
+        "except SystemExit as e:\n"
+        "    code = e.code\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in {'torch', 'transformers', 'tokenizers',"
+        " 'numpy', 'grpc', 'fastapi'} or m == 'scorer.engine')\n"
+        "print('EXIT', code, 'HEAVY', heavy, file=sys.stderr)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=os.environ | {"PYTHONPATH": str(ROOT)},
+    )
+    last = done.stderr.strip().splitlines()[-1]
+    code = 0 if argv[-1] == "--help" else 2
+    assert last == f"EXIT {code} HEAVY []", done.stderr
+
+
+def test_serve_help_says_it_serves_grpc_and_http(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["serve", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "gRPC" in out and "HTTP" in out and "fused" in out
+
+
+def test_a_scheme_or_template_is_checked_when_the_arguments_are_parsed(tmp_path, capsys):
+    with pytest.raises(SystemExit) as done:
+        cli.main(
+            ["score", "--prompt", "q", "--docs", str(write(tmp_path, {"text": "a"})), "--scheme", "nope"]
+        )
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and "--scheme: invalid choice: 'nope'" in err and "ragged" in err
+    with pytest.raises(SystemExit):
+        cli.main(["score", "--prompt", "q", "--docs", "d", "--template", "nope"])
+    assert "qwen3_reranker" in capsys.readouterr().err
+
+
+def test_http_port_without_the_http_extra_is_one_line(monkeypatch, capsys):
+    real = cli.importlib.util.find_spec
+    monkeypatch.setattr(
+        cli.importlib.util, "find_spec", lambda name: None if name == "fastapi" else real(name)
+    )
+    with pytest.raises(SystemExit) as done:
+        cli.main(["serve", "--http-port", "8080"])
+    assert done.value.code == 2 and "pip install 'scorer[http]'" in capsys.readouterr().err

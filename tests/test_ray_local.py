@@ -26,6 +26,15 @@ READY_S = 120.0
 STOP_S = 60.0
 
 
+def free_port_flags(all_ports: bool = False) -> list[str]:
+    """HAProxy's ports (and with ``all_ports`` every fixed port) on free ones: other Rays may run
+    on this host."""
+    names = ["--haproxy-stats-port", "--haproxy-metrics-port"]
+    if all_ports:
+        names += ["--grpc-port", "--http-port", "--ray-metrics-port"]
+    return [x for name in names for x in (name, str(free_port()))]
+
+
 def _session_processes(session_dir: str) -> list[int]:
     """Processes of that Ray session: Ray passes its session directory to each one it starts."""
     pids = []
@@ -45,7 +54,7 @@ def test_deploy_local_answers_a_call_and_stops_cleanly_on_ctrl_c(tmp_path, stop_
     cmd = [
         *(sys.executable, "-m", "scorer.ray_local", "--grpc-port", str(grpc_port)),
         *("--http-port", str(http_port), "--metrics-port", str(metrics_port)),
-        *("--ray-metrics-port", str(ray_metrics_port), "max_wait_ms=1"),
+        *("--ray-metrics-port", str(ray_metrics_port), *free_port_flags(), "max_wait_ms=1"),
     ]
     env = {**os.environ, "SCORER_CACHE_DIR": str(tmp_path)}
     proc = subprocess.Popen(
@@ -101,5 +110,45 @@ def test_replicas_asking_for_more_cpus_than_ray_has_are_refused_at_once(capsys):
     """Ray would leave them unscheduled without a word on the terminal: say so and exit 2."""
     from scorer.ray_local import main
 
-    assert main(["--num-cpus", "2", "--replicas", "2", "engine_process=shared"]) == 2
+    assert (
+        main(
+            ["--num-cpus", "2", "--replicas", "2", *free_port_flags(all_ports=True), "engine_process=shared"]
+        )
+        == 2
+    )
     assert "ask for 3 CPUs and this Ray has 2" in capsys.readouterr().err
+
+
+def test_a_port_another_process_listens_on_is_one_line_naming_its_flag(capsys):
+    """Beside another Ray on its default ports: one line and exit 2 before Ray starts, not a
+    traceback after it."""
+    from scorer.ray_local import main
+
+    with socket.socket() as other:
+        other.bind(("0.0.0.0", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        flags = free_port_flags(all_ports=True)
+        flags[flags.index("--haproxy-metrics-port") + 1] = str(port)
+        assert main(flags) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"port {port} (HAProxy's metrics, --haproxy-metrics-port)" in line and "taken" in line
+
+
+def test_every_port_is_a_flag_passed_to_ray():
+    from scorer.ray_local import parse, ray_env
+
+    ns, _ = parse(
+        ["--haproxy-stats-port", "18404", "--haproxy-metrics-port", "19101"]
+        + ["--replica-grpc-ports", "42000-42100", "--replica-http-ports", "32000-32100"]
+    )
+    assert ray_env(ns) == {
+        "RAY_SERVE_HAPROXY_STATS_PORT": "18404",
+        "RAY_SERVE_HAPROXY_METRICS_PORT": "19101",
+        "RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT": "42000",
+        "RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT": "42100",
+        "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": "32000",
+        "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": "32100",
+    }
+    with pytest.raises(SystemExit):
+        parse(["--replica-grpc-ports", "42100-42000"])

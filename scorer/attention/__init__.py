@@ -8,11 +8,10 @@ import logging
 
 import torch
 
+from ..options import BACKENDS, FALLBACKS
 from .base import AttentionBackend, HeadSpec
 from .torch_ref import TorchBackend
 
-BACKENDS = ("auto", "torch", "flashinfer")
-FALLBACKS = ("none", "torch")
 log = logging.getLogger(__name__)
 
 

@@ -396,7 +396,8 @@ def _info(handler: CallHandler) -> dict:
     return {
         "model_id": info.model_name,  # TEI's names first
         "max_client_batch_size": limits.max_docs,
-        "max_input_length": limits.max_doc_tokens,
+        # a document and its prompt share the model's positions: neither limit alone is the bound
+        "max_input_length": min(limits.max_doc_tokens, limits.max_positions),
         "max_batch_tokens": info.max_batch_tokens,
         "auto_truncate": False,
         "version": versions["scorer"],
