@@ -5,8 +5,8 @@ each Job scored through the one ``ScoringService``).
 The link is length-prefixed pickles over a Unix stream socket, read in asyncio protocols
 (``_Frames``): a message wakes only the receiving process's event loop. ZeroMQ, which this used
 first, passes each message through an I/O thread on either side, three wake-ups a way: its round
-trip was 0.22-1.05 ms against this one's 0.05-0.31 (2-core VM, 0-20 ms between calls,
-``bench.link_rtt``), and on the H200 machine it added 1.1-1.9 ms to a call on an idle server
+trip was 0.22-1.05 ms against this one's 0.05-0.31 (2-core VM, 0-20 ms between calls;
+bench/RESULTS.md, What did not pay), and on the H200 machine it added 1.1-1.9 ms to a call on an idle server
 (``bench.light_load``).
 """
 
