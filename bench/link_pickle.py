@@ -1,4 +1,4 @@
-"""What the front-end link pickles per call: a Job whole against ``link.for_engine``'s (the
+"""What the front-end link pickles per call: a Job whole against ``frontends.for_engine``'s (the
 docs' text and token ids left in the front end), bytes and the median dumps (front end) and loads
 (the engine process's event loop) time, for calls of token ids of a few sizes.
 
@@ -17,7 +17,7 @@ from pathlib import Path
 from scorer.engine import EngineConfig
 from scorer.request import Doc, ScoreOptions, ScoreRequest
 from scorer.runtime import build_engine
-from scorer.server.link import for_engine
+from scorer.server.frontends import for_engine
 
 from .timing import environment, write_json
 

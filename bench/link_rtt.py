@@ -1,5 +1,5 @@
 """Round trip of one small message between two processes, by link and by pause between
-messages: the Unix stream socket of ``scorer serve --frontends`` (``server.link._Frames``)
+messages: the Unix stream socket of ``scorer serve --frontends`` (``server.frontends._Frames``)
 and, where pyzmq is installed, the ZeroMQ DEALER/ROUTER over ipc that it replaced.
 
     python -m bench.link_rtt [--out DIR]      # prints a table, writes link_rtt.json
@@ -21,7 +21,7 @@ CALLS = 300
 
 
 def _unix_server(path: str) -> None:
-    from scorer.server.link import _Frames
+    from scorer.server.frontends import _Frames
 
     async def main():
         def on(end, kind, value):
@@ -37,7 +37,7 @@ def _unix_server(path: str) -> None:
 
 
 async def _unix_client(path: str, gap_s: float) -> list[float]:
-    from scorer.server.link import _Frames
+    from scorer.server.frontends import _Frames
 
     loop = asyncio.get_running_loop()
     waiting: dict[int, asyncio.Future] = {}

@@ -72,8 +72,8 @@ class EngineConfig:
 
 GPU_MIN_CACHE_READ_TOKENS = 1024
 """On the H200 a batch on the cache's pool pays ~1.1 ms + 0.07 ms per 1k rows for its paged reads
-against the same batch off it, and a row of the 0.6B model's forward ~2 us (bench/RESULTS.md, The
-prefix cache; E batches: 3 calls that hit, 576 rows saved, ran 3% slower than computing their prompts; 3 of 11
+against the same batch off it, and a row of the 0.6B model's forward ~2 us (section 26's E
+batches: 3 calls that hit, 576 rows saved, ran 3% slower than computing their prompts; 3 of 11
 calls that hit, 576 rows, 5.5% slower; 11 that hit, 2,112 rows, 6.5% faster): a read pays from
 ~600-1,100 rows saved, more in larger batches. A lone A call that hits saves 300."""
 
