@@ -36,7 +36,7 @@ from ray.serve.handle import DeploymentHandle
 from . import metrics
 from .server.calls import RequestIdFilter
 from .server.engine_process import EngineProcess
-from .server.frontend import RemoteScoring, attach
+from .server.frontend_process import RemoteScoring, attach
 from .server.frontends import on_gpu
 from .server.handler import CallHandler, Metadata, earliest, expired_code, sent_timeout
 from .server.http import build_app as build_http_app

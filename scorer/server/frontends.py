@@ -21,7 +21,7 @@ is one clock for every process of a host), and a call cancelled in its front end
 client gone) is cancelled in the engine process too: a queued one leaves the queue unscored.
 
 The parts are those of the one-process server (``lifecycle.py``), laid over processes: a front-end
-process runs ``frontend.py``, and the Jobs and the lifecycle's states cross ``link.py``.
+process runs ``frontend_process.py``, and the Jobs and the lifecycle's states cross ``link.py``.
 
 Metrics: the front ends write theirs into prometheus-client's multiprocess directory; the engine
 process's /metrics serves them and its own as one set (``metrics.serve_http``).
@@ -44,7 +44,7 @@ import torch
 from .. import metrics
 from ..planning.schemes import plugin_modules
 from ..settings import Settings
-from .frontend import frontend_main
+from .frontend_process import frontend_main
 from .lifecycle import (
     CannotListen,
     drain,

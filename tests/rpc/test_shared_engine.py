@@ -14,7 +14,7 @@ from scorer.models.tiny import ensure_tiny_model
 from scorer.request import Doc, ScoreRequest
 from scorer.server.batcher import Closed
 from scorer.server.engine_process import EngineProcess
-from scorer.server.frontend import attach
+from scorer.server.frontend_process import attach
 from scorer.server.link import FrontLink
 from scorer.settings import Settings
 
