@@ -31,7 +31,7 @@ SPIN_S = 0.001
 """The last stretch before each send that the open loop spends yielding to the event loop
 (``asyncio.sleep(0)``: answers are still taken) instead of sleeping: a sleep ends when the
 selector's timeout does, in whole milliseconds rounded up, and then the host must wake the thread.
-Sleeping to the send time, sends left 0.7-0.9 ms late at the median (session 21: a bare gRPC
+Sleeping to the send time, sends left 0.7-0.9 ms late at the median (on the H200's host: a bare gRPC
 server at 60 calls/s, its 2.4 ms median latency holding that lag; 0.1 ms with a 2 ms spin)."""
 SPIN_SHARE = 0.1
 """The open loop spins only at rates where it costs at most this share of a core (rate x spin):

@@ -19,11 +19,11 @@ recently seen forgotten first), and a prompt writes only the blocks seen before.
 comes back only after more distinct blocks than the pool holds would have been evicted before
 its return (least recently used first), so caching it would cost a write and evict a block that
 might be read: such prompts (a set larger than the pool, cycled) are forgotten before they
-return and write nothing (session 22: the served sweeps' 4,000 prompts wrote and evicted on
+return and write nothing (without this rule the served sweeps' 4,000 prompts wrote and evicted on
 every call, and hit 1-9% of their tokens). A prompt seen once (a unique query) writes nothing; a
 call that neither reads nor writes the pool plans off it, and a batch of such calls runs exactly as
-without a cache (no pool writes, no scattered K/V reads: section 14 of bench/RESULTS.md measures
-what they cost). A false match of the hashes only caches a block early; hits stay exact.
+without a cache (no pool writes, no scattered K/V reads: bench/RESULTS.md, The prefix cache,
+measures what they cost). A false match of the hashes only caches a block early; hits stay exact.
 """
 
 from __future__ import annotations
@@ -102,7 +102,8 @@ class Lease:
 SPARE_SLOTS = 4096
 """Spare slots of a pool (past its blocks' slots), for the K/V its graphs write and no block keeps:
 a pass that writes some rows to the cache writes the rest there. 4,096 (470 MB for Qwen3-0.6B):
-a pass of up to 4,096 rows stores each to its own address (256 before session 21)."""
+a pass of up to 4,096 rows stores each to its own address, so that no address takes thousands of
+stores."""
 
 
 class PoolFull(RuntimeError):

@@ -34,11 +34,14 @@ from ray.serve.grpc_util import RayServegRPCContext
 from ray.serve.handle import DeploymentHandle
 
 from . import metrics
-from .server.app import LOG_FORMAT, SCORER_SERVICE
 from .server.calls import RequestIdFilter
-from .server.frontends import EngineProcess, FrontLink, RemoteScoring, attach, on_gpu
+from .server.engine_process import EngineProcess
+from .server.frontend_process import RemoteScoring, attach
+from .server.frontends import on_gpu
 from .server.handler import CallHandler, Metadata, earliest, expired_code, sent_timeout
 from .server.http import build_app as build_http_app
+from .server.lifecycle import LOG_FORMAT, SCORER_SERVICE, batch_policy, debug_knobs
+from .server.link import FrontLink
 from .server.scoring import ScoringService, freeze_heap, process_age_s, ready_engine
 from .settings import Settings, scorer_args_model
 from .v1 import scorer_pb2 as pb
@@ -170,7 +173,7 @@ class ScorerDeployment:
             where = f" (engine in process {self._engine.proc.pid})"
         else:
             self.service = ScoringService(
-                await asyncio.to_thread(ready_engine, s, "replica"), s.batch_policy(), s.knobs()
+                await asyncio.to_thread(ready_engine, s, "replica"), batch_policy(s), debug_knobs(s)
             )
             self.service.start()
             where = ""

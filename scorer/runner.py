@@ -24,7 +24,7 @@ GRAPH_COPY_ROWS = 2048
 """A pass off the prefix cache's pool that writes rows to it (``Pass.copies``) of up to this many
 rows writes them through the graphs' pool-write step: every row of its bucket stored, the rest to
 the spare slots, one replay a layer. A larger one copies only its kept rows, four eager launches a
-layer. On the H200 (session 21, scripts/gpu/cache_probe.py and idle_probe.py) the graphed write
+layer. On the H200 (``bash scripts/gpu/prefix_cache.sh states``) the graphed write
 cost E's batches of 3 and 11 calls 6-8% of their docs/s (torch's index_copy_ of every row) and the
 eager copies a lone A call 2.5 ms of launch: small passes are the lone calls, whose launch is their
 latency; under load the host plans ahead of the device and the copies' launches cost nothing."""

@@ -5,9 +5,9 @@ Each field of ``Settings`` names the front ends that take it (``serve``, ``score
 ``add_arguments`` turns the fields of one front end into argparse flags (``--max-batch-tokens``
 for ``max_batch_tokens``) and ``from_args`` reads them back; Ray's ``ScorerArgs`` is a pydantic
 model of the ``ray`` fields. ``Settings`` validates every value once, whichever front end gave it,
-and derives what each part needs: ``engine_config()``, ``batch_policy()``, ``knobs()``,
-``build_engine()``. The per-request options of ``scorer score`` come from ``ScoreOptions`` the same
-way (``add_request_arguments``).
+and derives what the engine needs: ``engine_config()``, ``build_engine()`` (the server derives its
+batch policy and test knobs from it: ``server.lifecycle``). The per-request options of ``scorer
+score`` come from ``ScoreOptions`` the same way (``add_request_arguments``).
 """
 
 from __future__ import annotations
@@ -353,21 +353,6 @@ class Settings:
             min_cache_read_tokens=None
             if self.prefix_cache_min_read == "auto"
             else int(self.prefix_cache_min_read),
-        )
-
-    def batch_policy(self):
-        from .server.batcher import BatchPolicy
-
-        return BatchPolicy(self.max_batch_tokens, self.max_wait_ms / 1e3, self.max_queue, self.loop_path_gaps)
-
-    def knobs(self):
-        from .server.debug import DebugKnobs
-
-        return DebugKnobs(
-            self.debug_forward_delay_ms / 1e3,
-            self.debug_oom_above_tokens,
-            self.debug_fault_prompt,
-            self.debug_tokenize_delay_ms / 1e3,
         )
 
     def build_engine(self, config: EngineConfig | None = None) -> Engine:

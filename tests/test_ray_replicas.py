@@ -1,5 +1,5 @@
-"""Two replicas of the scorer behind Serve's gRPC proxy, on the CPU (what of issue 16 a machine
-without two GPUs can show: Serve's routing and its fault path, not capacity).
+"""Two replicas of the scorer behind Serve's gRPC proxy, on the CPU (what of two replicas on two
+GPUs a machine without them can show: Serve's routing and its fault path, not capacity).
 
 An application ``pair`` of two replicas on the session's Ray, whose capacity is fixed by
 construction: every forward batch sleeps ``FORWARD_S`` (the forward-delay test knob) and holds one

@@ -199,7 +199,7 @@ def test_serve_config_validates_and_is_the_kuberay_serve_config():
 
 
 def test_the_kuberay_manifest_asks_for_two_gpu_replicas_one_per_worker_pod():
-    """What issue 16 runs on two GPUs: two replicas at least, each on its own GPU worker pod, the
+    """Two replicas on two GPUs as deployed: two replicas at least, each on its own GPU worker pod, the
     gRPC proxy's port on every worker, ready once that proxy routes a health check to a replica."""
     docs = list(yaml.safe_load_all((ROOT / "deploy/kuberay/rayservice.yaml").read_text()))
     (service,) = [d for d in docs if d["kind"] == "RayService"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import functools
+import itertools
 import json
 import random
 from dataclasses import fields
@@ -23,9 +24,9 @@ from scorer.planning import REGISTRY
 from scorer.planning.schemes import unregister
 from scorer.request import Doc, ScoreOptions, ScoreRequest
 from scorer.runtime import build_engine
-from scorer.server.app import grpc_server
 from scorer.server.batcher import BatchPolicy
 from scorer.server.handler import CallHandler
+from scorer.server.lifecycle import grpc_server
 from scorer.server.scoring import ScoringService
 from scorer.server.servicer import ScorerServicer
 from scorer.settings import RAY, SCORE, SERVE, Settings, names_for
@@ -212,3 +213,116 @@ def test_the_ray_deployment_handles_no_call_itself():
     ):
         assert own not in source, own
     assert "CallHandler" in source and "score_docs" in source
+
+
+def import_graph(package: Path) -> dict[str, dict[str, int]]:
+    """Each module of ``package`` -> the modules of ``package`` it imports, with the line of the
+    first such import. Every import statement counts, at module level, in a function or under
+    ``TYPE_CHECKING``: a circle through a function-level import still ties the two modules
+    together (neither can be read, tested or moved alone), and only hides it until call time.
+    Importing ``a.b.c`` runs ``a/__init__.py`` and ``a/b/__init__.py`` first, so it is an import
+    of those packages too (not of the importer's own packages, which are imported before it)."""
+    modules = {}
+    for path in package.rglob("*.py"):
+        parts = path.relative_to(package.parent).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+
+    def known(name: str) -> str:  # ``scorer.planning.names``, a function -> ``scorer.planning``
+        while name not in modules:
+            name = name.rpartition(".")[0]
+        return name
+
+    graph = {}
+    for name, path in modules.items():
+        here = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        own = {here.rsplit(".", k)[0] for k in range(here.count(".") + 1)}
+        edges: dict[str, int] = {}
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(
+                        [*here.split(".")[: here.count(".") + 2 - node.level], *filter(None, [base])]
+                    )
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            else:
+                continue
+            for target in targets:
+                if target.split(".")[0] != package.name:
+                    continue
+                target = known(target)
+                for k in range(target.count(".") + 1):
+                    imported = target.rsplit(".", k)[0]
+                    if imported != name and imported not in own:
+                        edges.setdefault(imported, node.lineno)
+        graph[name] = edges
+    return graph
+
+
+def import_circles(graph: dict[str, dict[str, int]]) -> list[str]:
+    """Every circle of imports (one per strongly connected set of modules), as ``a:12 -> b:3 -> a``."""
+    order, low, stack, circles = {}, {}, [], []
+
+    def visit(v: str) -> None:
+        order[v] = low[v] = len(order)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in order:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], order[w])
+        if low[v] == order[v]:
+            members = set(stack[stack.index(v) :])
+            del stack[stack.index(v) :]
+            if len(members) > 1:
+                parent, queue = {v: None}, [v]
+                for at in queue:  # breadth first inside the set: the shortest circle through v
+                    for w in sorted(graph[at]):
+                        if w in members and w not in parent:
+                            parent[w] = at
+                            queue.append(w)
+                path = [next(u for u in queue if v in graph[u])]
+                while parent[path[0]] is not None:
+                    path.insert(0, parent[path[0]])
+                path.append(v)
+                path = [f"{a}:{graph[a][b]}" for a, b in itertools.pairwise(path)] + [v]
+                circles.append(" -> ".join(path))
+
+    for v in sorted(graph):
+        if v not in order:
+            visit(v)
+    return circles
+
+
+def test_the_import_circle_check_finds_a_circle_through_a_function_level_import(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("from .b import f\n")
+    (pkg / "a.py").write_text("import os\n\nfrom .sub.c import g\n")
+    (pkg / "sub" / "b.py").write_text("def f():\n    from ..a import x\n")
+    (pkg / "sub" / "c.py").write_text("from . import b\n")
+    graph = import_graph(pkg)
+    assert graph["pkg.a"] == {"pkg.sub.c": 3, "pkg.sub": 3}  # the package's __init__ runs first
+    assert graph["pkg.sub.c"] == {"pkg.sub.b": 1}
+    assert import_circles(graph) == ["pkg.a:3 -> pkg.sub:1 -> pkg.sub.b:2 -> pkg.a"]
+    (pkg / "sub" / "b.py").write_text("def f():\n    pass\n")
+    assert import_circles(import_graph(pkg)) == []
+
+
+def test_no_module_of_scorer_is_in_an_import_circle():
+    circles = import_circles(import_graph(PACKAGE))
+    assert not circles, "import circles (module:line of the import):\n" + "\n".join(circles)
+
+
+def test_settings_import_nothing_of_the_server():
+    """The server reads the settings; the settings know nothing of the server."""
+    upward = {
+        m: line
+        for m, line in import_graph(PACKAGE)["scorer.settings"].items()
+        if m.startswith("scorer.server")
+    }
+    assert not upward, f"scorer/settings.py imports {upward} (module: line)"

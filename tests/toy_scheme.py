@@ -9,8 +9,8 @@ import torch
 
 from scorer.planning import REGISTRY, Plan, Shape, scheme
 from scorer.planning.base import ItemLoc, call, item_offsets, logical_bases
+from scorer.planning.extend import extend_per_item
 from scorer.planning.schemes import _Rows
-from scorer.planning.split import extend_per_item
 
 TOY = "reversed_ragged"
 

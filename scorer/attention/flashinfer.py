@@ -80,12 +80,12 @@ FA3_MIN_KEYS_PER_QUERY = 1024
 FA2_MIN_ROWS = 4096
 """With ``kernels="auto"`` on Hopper, a call of at least ``FA2_MIN_ROWS`` query rows whose queries
 see fewer than ``FA3_MIN_KEYS_PER_QUERY`` keys on average runs FA2, every other call FA3.
-Measured on the H200 (bench/RESULTS.md section 15): in serving batches (12-16k rows) FA2's
-attention is 1.1-2.0x faster where queries see ~200-300 keys (200- to 300-token prompts: a 50-token
-doc is one 128-row tile, which FA2 fills with both query heads of a KV head and FA3 does not; even
-with 400-token docs), FA3 1.4-1.5x faster at ~1,900 (2,000-token prompts) and ~4,000 (8,000); on
-one call of a few docs (section 3's kernel grid, hundreds of rows) FA3 is up to 3.5x faster, so a
-small call keeps FA3."""
+Measured on the H200 (bench/RESULTS.md, One attention layer by K/V layout): in serving batches
+(12-16k rows) FA2's attention is 1.1-2.0x faster where queries see ~200-300 keys (200- to 300-token
+prompts: a 50-token doc is one 128-row tile, which FA2 fills with both query heads of a KV head and
+FA3 does not; even with 400-token docs), FA3 1.4-1.5x faster at ~1,900 (2,000-token prompts) and
+~4,000 (8,000); on one call of a few docs (the article's kernel grid, hundreds of rows) FA3 is up to
+3.5x faster, so a small call keeps FA3."""
 
 
 def hopper(device: torch.device) -> bool:
@@ -127,7 +127,8 @@ def contiguous_run(c: AttentionCall) -> tuple[int, int] | None:
     """The slots ``[a, b)`` when the requests of ``c`` read one consecutive run of slots, request
     after request (cascade's levels, naive, a single-pass plan's own rows), else None. Such a call
     runs on ``k[a:b]`` through the ragged-KV wrapper: contiguous loads (FA3's TMA) instead of
-    ``page_size = 1``'s gathered ones (bench/RESULTS.md section 16: 13% faster on B's shared level)."""
+    ``page_size = 1``'s gathered ones (13% faster on B's shared level: bench/RESULTS.md, One attention
+    layer by K/V layout)."""
     if c.page_size != 1 or c.multi_item is not None or c.custom_mask is not None:
         return None
     idx = c.kv_indices.numpy()
@@ -145,7 +146,8 @@ MATERIALIZE_MAX_GROWTH = 1.25
 ``MATERIALIZE_MIN_QUERIES`` queries each on average: long docs on a shared prompt) whose keys are
 not one run of slots is run on FA3's contiguous kernel over a copy of its keys, gathered in
 request order (each doc's prompt keys copied before its own), when that copy holds at most
-``MATERIALIZE_MAX_GROWTH`` times the call's rows. On the H200 (bench/RESULTS.md section 24), one
+``MATERIALIZE_MAX_GROWTH`` times the call's rows. On the H200 (bench/RESULTS.md, One attention layer
+by K/V layout), one
 attention layer of C (100 + 50 x 400): 0.270 ms paged (FA2 or FA3 alike), 0.203 ms on FA3 over
 the copy; in the model, C's attention 8.3 -> 5.9 ms a call and the gather 1.5 ms: +0.9% docs/s."""
 

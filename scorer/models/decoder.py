@@ -216,8 +216,8 @@ class DecoderLM(nn.Module):
         """Do the output and down projections add their product to the residual stream in the
         GEMM (cuBLAS's ``beta = 1``: ``h += x @ W.T``, rounded once), the norms then reading the
         sum? The default with FlashInfer's kernels (4 KB a token a layer less traffic than the
-        post-attention add fused into its norm and the MLP's added alone; session 16: 0.5-1.4%
-        more docs/s); settable (benchmarks)."""
+        post-attention add fused into its norm and the MLP's added alone; 0.5-1.4% more docs/s on the
+        H200); settable (benchmarks)."""
         return all(layer.residual_in_gemm for layer in self.model.layers)
 
     @residual_in_gemm.setter

@@ -1,13 +1,13 @@
 """Piecewise CUDA graphs for the decoder: everything but attention is replayed from graphs.
 
-An eager forward of a small model is host-bound: about 60 small kernels per layer, each a
-Python call and a launch (``python -m bench.host_overhead``), so a Qwen3-0.6B forward costs ~24 ms
-on an H200 whether it computes 16 tokens or 4096. Attention cannot sit inside a graph cheaply: its
-metadata (page table, item layout, number of requests) changes with every request. So, as vLLM's
-piecewise graphs do, the forward is cut at the attention calls: segment ``i`` is the end of layer
-``i - 1`` (output projection, residuals, MLP) and the start of layer ``i`` (norm, QKV, q/k norm,
-RoPE), captured once per token-count bucket; the planned attention runs eagerly between them.
-A forward is then ``L + 1`` graph replays and ``L`` attention calls.
+An eager forward of a small model is host-bound: about 60 small kernels per layer, each a Python
+call and a launch (bench/RESULTS.md, Model level and the calibrated `auto`), so a Qwen3-0.6B
+forward costs ~24 ms on an H200 whether it computes 16 tokens or 4096. Attention cannot sit inside
+a graph cheaply: its metadata (page table, item layout, number of requests) changes with every
+request. So, as vLLM's piecewise graphs do, the forward is cut at the attention calls: segment
+``i`` is the end of layer ``i - 1`` (output projection, residuals, MLP) and the start of layer
+``i`` (norm, QKV, q/k norm, RoPE), captured once per token-count bucket; the planned attention runs
+eagerly between them. A forward is then ``L + 1`` graph replays and ``L`` attention calls.
 
 With the prefix cache's pool attached (``attach_pool``), each bucket also has one small graph a
 layer that writes that layer's K/V to the pool at the slots of a static buffer (the pass's
@@ -15,8 +15,8 @@ layer that writes that layer's K/V to the pool at the slots of a static buffer (
 spare slots, spread so that no address takes thousands of stores), replayed after segment ``i``
 by a pass that writes the pool only: such a pass launches no copies of its own (two per layer,
 ~0.8 ms of host time in a 28-layer forward of one call), and a pass that writes nothing stores
-nothing (session 21: segments that wrote every pass's K/V, to the spare slots when off the pool,
-cost E's batches 7-8% of the engine's docs/s with the cache on).
+nothing (segments that wrote every pass's K/V, to the spare slots when off the pool, cost E's
+batches 7-8% of the engine's docs/s with the cache on: bench/RESULTS.md, What did not pay).
 
 Inputs and outputs of the segments live in buffers allocated once for the largest bucket; a
 request of ``T`` tokens runs in the smallest bucket ``>= T`` and its rows ``T..bucket`` are
@@ -46,7 +46,8 @@ log = logging.getLogger(__name__)
 FINE = (0.25, 128)
 """(f, n): from ``f * max_tokens`` up, a bucket every ``max_tokens / n`` rows."""
 TOP_QUARTER = (0.75, 64)
-"""Sessions 9-15's fine buckets: every ``max_tokens / 64`` rows in the top quarter alone."""
+"""Finer buckets in the top quarter alone, every ``max_tokens / 64`` rows (what ``FINE`` replaced;
+benchmarks compare the two)."""
 
 
 def buckets(max_tokens: int, fine: tuple[float, int] | None = FINE) -> list[int]:
@@ -54,7 +55,7 @@ def buckets(max_tokens: int, fine: tuple[float, int] | None = FINE) -> list[int]
     under 12.5% of a large pass's rows), and finer where a loaded server's passes land (a batch
     filled to the budget but for the call that did not fit, a long call's last pass): by default one
     every ``max_tokens / 128`` rows (128 of 16,384) from a quarter of the budget up, so a pass there
-    pads at most 1/32 of its rows (1/128 at the top). Session 16: with the top quarter alone fine,
+    pads at most 1/32 of its rows (1/128 at the top). With the top quarter alone fine (``TOP_QUARTER``),
     B's 12,000-token batches padded 2.4%, E's 1.4% (137 buckets now against 67: 9.8 s of capture at
     start on an H200 with the prefix cache's pool attached, 3.3-3.7 s before). ``fine=None``: the 1/8
     growth alone."""

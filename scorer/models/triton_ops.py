@@ -17,7 +17,7 @@ less time than cuBLAS's GEMM and FlashInfer's ``silu_and_mul`` on 2,400-16,128 r
 
 ``rms_norm`` is the layers' RMSNorm over hidden rows (1,024 wide on Qwen3-0.6B) with several rows
 to a program: FlashInfer's ``RMSNorm`` kernel gives each row a block of its own and ran at ~64% of
-the memory bandwidth on a 20k-row batch (bench/RESULTS.md section 23).
+the memory bandwidth on a 20k-row batch (bench/RESULTS.md, The model's own kernels).
 
 Triton is imported only if it is installed (the CPU CI has none); the kernels run on CUDA tensors.
 Given their outputs (``q_out``/``k_out``/``v_out``, ``out``) they allocate nothing and never
@@ -107,7 +107,8 @@ def default_config(
     heads (a block never straddles the q/k boundary when it divides Hkv), head blocks varying
     fastest; within 5% of most shapes. In place (the serving layout, ``qkv_views``): one head of
     16 tokens in 4 warps, tokens varying fastest, within 4% of the best shape in each of the four
-    cases (2% on average) and 7-13% faster than the first (session 18, bench/RESULTS.md section 24)."""
+    cases (2% on average) and 7-13% faster than the into-new-tensors one (bench/RESULTS.md, The
+    model's own kernels)."""
     if in_place:
         return max(1, min(2048 // triton.next_power_of_2(head_dim), 64)), 1, 4, False
     block_h = 4 if num_kv_heads % 4 == 0 else 2 if num_kv_heads % 2 == 0 else 1
@@ -204,7 +205,7 @@ def rms_norm_config(width: int) -> tuple[int, int]:
     """(rows, num_warps) of one program: ~4k elements (8 KiB of bf16 in, as much out) in 4 warps,
     a wider row whole in 8 (so that no thread holds more than 64 of its values: 8 rows of 4,096 in
     2 warps spilled, 12x slower). Within 2-3% of the best of 11 shapes on 1,024- and 4,096-wide rows
-    (bench/rms_norm.py, RESULTS section 23); wider rows are not measured."""
+    (bench/rms_norm.py; bench/RESULTS.md, The model's own kernels); wider rows are not measured."""
     width = triton.next_power_of_2(width)
     return max(1, 4096 // width), 4 if width <= 4096 else 8
 
@@ -356,7 +357,7 @@ def gate_up_config(rows: int, hidden: int, inter: int) -> GemmConfig:
     """The default program shape of ``gate_up_silu``: 128 rows by 128 gate and 128 up columns in two
     warp groups, K in steps of 64 over 3 stages of TMA loads (48 KiB a stage), one program per SM
     taking tiles in turn: the best of the shapes ``bench.triton_gemm`` swept on an H200 at
-    2,400-16,128 rows of both models (bench/RESULTS.md section 25). Row blocks are grouped by 16
+    2,400-16,128 rows of both models (bench/RESULTS.md, The model's own kernels). Row blocks are grouped by 16
     where the output has more than 32 column tiles (Qwen3-8B's 96: 0.5-3% faster than by 4 or 8
     in two sweeps), else by 4 (Qwen3-0.6B's 24: by 4, 8 and 16 within 2%, in either order)."""
     return 128, 128, 64, 3, 8, 4 if inter // 128 <= 32 else 16, True, ""

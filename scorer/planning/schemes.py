@@ -35,8 +35,8 @@ from .base import (
     np_indptr,
     np_ranges,
 )
+from .extend import extend_groups, extend_one_group, extend_per_item
 from .packbits import multi_item_mask_packed
-from .split import extend_groups, extend_one_group, extend_per_item
 
 AUTO = "auto"
 NAIVE, SPLIT_CACHE, RAGGED, CASCADE = "naive", "split_cache", "ragged", "cascade"

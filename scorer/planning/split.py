@@ -2,9 +2,9 @@
 
 Pass 0 runs the prefix and the first chunk of items with the request's own scheme; every later
 pass runs one chunk of items as extend requests on the prefix slots of pass 0, as the scheme's
-``extend`` lays them out (one request per item, one multi-item group, or groups of a size), so the
-prompt is still computed once. Those passes need a K/V pool that outlives a pass: every pass
-copies each layer's K/V into it (``KVPool``), two copies a layer over all of its rows.
+``extend`` lays them out (``extend.py``: one request per item, one multi-item group, or groups of
+a size), so the prompt is still computed once. Those passes need a K/V pool that outlives a pass:
+every pass copies each layer's K/V into it (``KVPool``), two copies a layer over all of its rows.
 
 Where the prompt is short, computing it again in every pass costs less than those copies (a
 100-token prompt over 20,100 rows: 0.5% more rows against ~4% of the forward in copies on
@@ -17,14 +17,11 @@ without ``extend`` recomputes the prompt by definition: its chunks are independe
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 import torch
 
-from .base import ItemLoc, Pass, Plan, Shape, arange, call, item_offsets, multi_item_meta
-
-if TYPE_CHECKING:
-    from .schemes import Scheme
+from .base import ItemLoc, Pass, Plan, Shape, arange, item_offsets
+from .schemes import Scheme
 
 
 def chunk_items(shape: Shape, budget: int, naive: bool, recompute: bool = False) -> list[tuple[int, int]]:
@@ -41,42 +38,6 @@ def chunk_items(shape: Shape, budget: int, naive: bool, recompute: bool = False)
         rows += cost
     chunks.append((start, len(shape.item_lens) - start))
     return chunks
-
-
-def extend(shape: Shape, group_size: int | None) -> Plan:
-    """Items only, on a prefix whose K/V already exists: K/V slot ``j < P`` names prefix token
-    ``j``, slot ``P + row`` this pass's own rows. ``group_size`` None: one request per item."""
-    p = shape.prefix_len
-    offs = item_offsets(shape)
-    rows, locs, at = [], [], 0
-    for off, n in zip(offs, shape.item_lens, strict=True):
-        rows.append(arange(off, n))
-        locs.append(ItemLoc(0, at, n))
-        at += n
-    size = group_size or 1
-    groups = [locs[g : g + size] for g in range(0, len(locs), size)]
-    kv = [torch.cat([arange(0, p)] + [arange(p + loc.row, loc.length) for loc in grp]) for grp in groups]
-    meta = multi_item_meta([p] * len(groups), [[loc.length for loc in grp] for grp in groups])
-    c = call(0, [sum(loc.length for loc in grp) for grp in groups], kv, True, meta if group_size else None)
-    return Plan((Pass(torch.cat(rows), 0, (c,)),), (tuple(locs),), (shape,))
-
-
-def extend_per_item(shapes: list[Shape], group: int = 0) -> Plan:
-    """A later pass with one extend request per item."""
-    (shape,) = shapes
-    return extend(shape, None)
-
-
-def extend_one_group(shapes: list[Shape], group: int = 0) -> Plan:
-    """A later pass whose items form one multi-item request."""
-    (shape,) = shapes
-    return extend(shape, len(shape.item_lens))
-
-
-def extend_groups(shapes: list[Shape], group: int = 0) -> Plan:
-    """A later pass of multi-item groups of ``group`` items."""
-    (shape,) = shapes
-    return extend(shape, group)
 
 
 def split_to_budget(

@@ -114,8 +114,9 @@ class BatchPolicy:
     max_queue: int = 256
     loop_path_gaps: float = 1.0
     """The event-loop path under light load: calls at least this many batch times apart (0: at
-    any idle moment; ``math.inf``: never). RESULTS section 27: 0 and 2 on the H200, 0, 1, 2 and
-    never on a simulated device (``bench.loop_path``)."""
+    any idle moment; ``math.inf``: never). Measured at 0 and 2 on the H200, at 0, 1, 2 and never on
+    a simulated device; at 0 A-text's p99 at 80% of capacity was 234 ms against 82 on the H200
+    (bench/RESULTS.md, What did not pay)."""
 
 
 @dataclass(frozen=True)

@@ -145,8 +145,8 @@ def process_age_s() -> float:
 def freeze_heap(role: str) -> None:
     """Collect once, then put every object alive now (modules, model, tokenizer, warm-up plans)
     out of the cyclic collector's reach (``gc.freeze``, as vLLM and SGLang do after warm-up): a
-    full collection of a server's heap scans ~350k objects (170 ms on a 2-core VM,
-    ``python -m bench.gc_pause``) and stalls every call in flight; frozen, a collection scans only
+    full collection of a server's heap scans ~350k objects (170 ms on a 2-core VM; bench/RESULTS.md,
+    What did not pay) and stalls every call in flight; frozen, a collection scans only
     what was allocated since. Call it when a process has loaded what it serves with; from then on
     the collector's pauses are timed into ``scorer_gc_pause_seconds`` under ``role``."""
     gc.collect()

@@ -253,7 +253,7 @@ def test_rms_norm_on_the_cpu_is_the_reference():
 
 GEMM_FLIPS = 0.03
 """A GEMM's fp32 sums in another order than torch's reference flip more roundings (fp16 on one row:
-1.1% of 3,072 on the H200, session 19)."""
+1.1% of 3,072 on the H200)."""
 
 
 def gate_up_inputs(T, h, n, dtype, seed=0):

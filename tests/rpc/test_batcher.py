@@ -382,7 +382,7 @@ def test_under_light_load_a_short_batch_runs_on_the_event_loop_and_others_on_the
 
 
 def test_a_burst_is_admitted_only_as_far_as_the_batches_ahead_can_serve_it_in_time():
-    """Issue 12, item 6, in miniature: a batch takes 0.2 s whatever its size and holds two calls, so
+    """A burst past capacity, in miniature: a batch takes 0.2 s whatever its size and holds two calls, so
     the batcher serves 10 calls/s; 40 calls come at 50/s with 1.5 s each. All recent batches took
     the same time, so the per-token cost fits to 0: the queue ahead must count in batches, or every
     call is admitted and most expire. At least 90% of the admitted calls end in time, the others

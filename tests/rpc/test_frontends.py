@@ -36,8 +36,8 @@ from test_metrics import EXPECTED_FAMILIES
 
 from loadtest import metrics as lm
 from scorer.server.batcher import Closed, Dropped, OutOfMemory, QueueFull
-from scorer.server.frontends import _portable, for_engine
 from scorer.server.handler import status_for
+from scorer.server.link import _portable, for_engine
 from scorer.settings import Settings
 from scorer.v1 import scorer_pb2 as pb
 from scorer.v1 import scorer_pb2_grpc

@@ -32,11 +32,11 @@ from scorer.engine import Engine, EngineConfig
 from scorer.models.tiny import ensure_tiny_model
 from scorer.request import Doc, ScoreOptions, ScoreRequest
 from scorer.runtime import build_engine
-from scorer.server.app import grpc_server
 from scorer.server.batcher import BatchPolicy
 from scorer.server.debug import DebugKnobs
 from scorer.server.handler import CallHandler
 from scorer.server.http import log_odds, start_http
+from scorer.server.lifecycle import grpc_server
 from scorer.server.scoring import ScoringService
 from scorer.server.servicer import ScorerServicer
 from scorer.settings import SERVE, Settings, names_for

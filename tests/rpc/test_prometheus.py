@@ -156,7 +156,7 @@ def test_prometheus_scrapes_every_deployment_and_every_panel_has_data(server, ra
             ):
                 break
             # a scheme whose calls on one front end all fell before its series' first scrape has
-            # no rate there yet (NaN): more traffic gives it one (CI, session 19: once in three)
+            # no rate there yet (NaN): more traffic gives it one (about one CI run in three)
             traffic()
             time.sleep(1.5)
         assert set(p50) >= set(SCHEMES), (job, p50)

@@ -13,7 +13,9 @@ import pytest
 from scorer.models.tiny import ensure_tiny_model
 from scorer.request import Doc, ScoreRequest
 from scorer.server.batcher import Closed
-from scorer.server.frontends import EngineProcess, FrontLink, attach
+from scorer.server.engine_process import EngineProcess
+from scorer.server.frontend_process import attach
+from scorer.server.link import FrontLink
 from scorer.settings import Settings
 
 FORWARD_S = 0.3  # every batch sleeps this long first: a call is still on the engine when its front end goes

@@ -11,6 +11,7 @@ import torch
 from rpc_harness import REPO, start_server
 
 from scorer.models.tiny import ensure_tiny_model
+from scorer.server.lifecycle import batch_policy
 from scorer.settings import Settings
 
 
@@ -135,7 +136,7 @@ def test_settings_check_cuda_the_model_directory_and_the_tls_files(tmp_path, sco
 def test_settings_take_the_edges_of_their_ranges():
     edges = dict(port=65535, metrics_port=0, max_queue=1, max_docs=1, max_wait_ms=0, drain_seconds=0)
     assert Settings(**edges, cuda_graph_max_tokens=0, call_timeout_s=0.5, device="cpu").port == 65535
-    assert Settings(loop_path_gaps=0, device="cpu").batch_policy().loop_path_gaps == 0
+    assert batch_policy(Settings(loop_path_gaps=0, device="cpu")).loop_path_gaps == 0
 
 
 def test_the_serving_log_lines_age_counts_from_the_process_start():
