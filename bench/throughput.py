@@ -6,7 +6,7 @@ label ids. For each workload (prompt + N docs of S tokens) and system:
 * an engine system (``auto`` or a forced scheme; ``auto@flashinfer`` is ``auto`` on the model's
   FlashInfer kernels instead of the fused ones, ``auto@fa3`` or ``@fa2`` with FlashInfer's prefill
   kernel forced instead of chosen per call, ``auto@coarse`` on CUDA-graph buckets growing by 1/8
-  alone, ``auto@topq`` with them fine in the top quarter alone, ``auto@lt`` with
+  alone, ``auto@topq`` with them fine in the top quarter alone (``graphs.TOP_QUARTER``), ``auto@lt`` with
   its GEMMs captured from cuBLASLt instead of cuBLAS, ``auto@exact`` with cuBLAS's reduced-
   precision bf16 split-K reductions off, ``BLAS``; ``@paged`` with every attention call through
   the paged pool, also those that read one run of slots; ``@copyv`` with q, k and v written to
