@@ -23,6 +23,8 @@ import torch
 
 from .attention import BACKENDS, FALLBACKS
 from .engine import GPU_MIN_CACHE_READ_TOKENS, Engine, EngineConfig
+from .models.fp8_checkpoint import UnsupportedQuantization, checkpoint_format
+from .models.quant import QUANTIZATIONS
 from .planning import names as scheme_names
 from .planning.choose import AUTO_POLICIES
 from .prefix_cache import CPU_AUTO_MIB, GPU_AUTO_SHARE
@@ -76,7 +78,13 @@ def _device(v):
 def _checkpoint(v):
     if not Path(v).is_dir():
         return "is not a directory"
-    return None if (Path(v) / "config.json").is_file() else "has no config.json"
+    if not (Path(v) / "config.json").is_file():
+        return "has no config.json"
+    try:
+        checkpoint_format(v)
+    except UnsupportedQuantization as e:
+        return f"cannot run: {e}"
+    return None
 
 
 def _auto_or_count(unit: str = "", most: int | None = None):
@@ -142,6 +150,15 @@ class Settings:
         " GEMM and Triton's q/k norm + RoPE kernel), torch (HF's op order), or auto (fused with"
         " FlashInfer attention on CUDA)",
         choices=MODEL_KERNELS,
+        scopes=EVERY,
+    )
+    quantization: str = setting(
+        "none",
+        "fp8: the decoder's linear layers (q/k/v/o, gate/up/down) as FP8 e4m3 GEMMs, weights per output"
+        " channel, activations per token (the LM head, embeddings, norms and attention stay in --dtype);"
+        " a pre-quantized FP8 checkpoint runs its own FP8 weights. none: every layer in --dtype (a"
+        " pre-quantized checkpoint dequantized). docs/quantization.md",
+        choices=QUANTIZATIONS,
         scopes=EVERY,
     )
     cuda_graph_max_tokens: int = setting(
@@ -367,6 +384,7 @@ class Settings:
             cuda_graph_max_tokens=self.cuda_graph_max_tokens,
             prefix_cache_mib=self.prefix_cache_mib,
             prefix_cache_admit=self.prefix_cache_admit,
+            quantization=self.quantization,
         )
 
 
