@@ -135,7 +135,7 @@ def test_fp8_linear_is_the_product_of_the_dequantized_operands():
     want = (qx.float() * sx) @ (qw.float() * sw).t() + linear.bias
     torch.testing.assert_close(got, want.view(5, 7, 48), atol=1e-5, rtol=1e-5)
     exact = linear(x)
-    assert ((got - exact).norm() / exact.norm()).item() < 0.05  # measured 0.026
+    assert ((got - exact).norm() / exact.norm()).item() < 0.05  # measured 0.014
 
 
 def test_quantized_engine_scores_equal_the_reference(tiny):
@@ -177,14 +177,14 @@ def test_the_prefix_cache_keeps_the_quantized_scores(fp8_engine, scheme):
 
 
 def test_quantized_scores_stay_near_the_unquantized_model(tiny, fp8_engine):
-    """A loose bound: on the tiny random model FP8 moved label log-probs by at most ~0.05 (these
-    calls' log-probs spread over ~1.5 across docs)."""
+    """A loose bound: on the tiny random model FP8 moved these calls' label log-probs by at most
+    0.12 (measured), where the first label's log-prob spreads by up to 1.6 across a call's docs."""
     plain = loaded(tiny, "none")
     diffs = [
         (logprobs(fp8_engine.score(random_request(s))) - logprobs(plain.score(random_request(s)))).abs().max()
         for s in range(6)
     ]
-    assert max(diffs).item() < 0.15
+    assert max(diffs).item() < 0.25
 
 
 def test_the_fused_kernels_run_the_linears_one_by_one(tiny):
