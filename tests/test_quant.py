@@ -372,3 +372,33 @@ def test_cli_scores_with_fp8(tiny, tmp_path, capsys, monkeypatch):
     assert cli.main(argv) == 0
     plain = [json.loads(line)["score"] for line in capsys.readouterr().out.splitlines()]
     assert len(fp8) == 2 and fp8 != plain and fp8 == pytest.approx(plain, abs=0.05)
+
+
+def test_the_benchmark_runs_on_the_cpu(tmp_path):
+    """bench.fp8 --cpu-smoke: both systems' docs/s and their ranking against fp32, in the JSON and
+    the table."""
+    from bench import fp8
+
+    result = fp8.main(["--cpu-smoke", "--out", str(tmp_path)])
+    (rec,) = result["models"]
+    assert json.loads((tmp_path / "fp8.json").read_text())["models"][0]["systems"].keys() == {"bf16", "fp8"}
+    assert "fp32_reference" not in rec
+    for system in fp8.SYSTEMS:
+        out = rec["systems"][system]
+        assert all(out["throughput"][w]["docs_s"] > 0 for w in ("A", "E"))
+        for w in fp8.RANKED:
+            m = out["ranking"][w]
+            assert m["calls"] == 3 and 0 <= m["logprob_err_mean"] <= m["logprob_err_p99"] < 1
+            assert -1 <= m["spearman_min"] <= m["spearman_mean"] <= 1 and 0 <= m["top3_mean"] <= 1
+    bf16, q = (rec["systems"][s]["ranking"]["A"]["logprob_err_mean"] for s in fp8.SYSTEMS)
+    assert q > bf16 > 0  # FP8 rounds more than bf16, and both round
+    assert "| smoke | A | fp8 |" in (tmp_path / "fp8.md").read_text()
+
+
+def test_spearman_and_top3_agreement():
+    from bench.fp8 import spearman, top_k_agreement
+
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == 1.0
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == -1.0
+    assert spearman([1, 2, 3], [1, 3, 2]) == pytest.approx(0.5)
+    assert top_k_agreement([5, 4, 3, 2, 1], [5, 4, 0, 9, 1]) == pytest.approx(2 / 3)
