@@ -385,10 +385,10 @@ def test_the_benchmark_runs_on_the_cpu(tmp_path):
     assert "fp32_reference" not in rec
     for system in fp8.SYSTEMS:
         out = rec["systems"][system]
-        assert all(out["throughput"][w]["docs_s"] > 0 for w in ("A", "E"))
+        assert out["throughput"]["A"]["docs_s"] > 0
         for w in fp8.RANKED:
             m = out["ranking"][w]
-            assert m["calls"] == 3 and 0 <= m["logprob_err_mean"] <= m["logprob_err_p99"] < 1
+            assert m["calls"] == 2 and 0 <= m["logprob_err_mean"] <= m["logprob_err_p99"] < 1
             assert -1 <= m["spearman_min"] <= m["spearman_mean"] <= 1 and 0 <= m["top3_mean"] <= 1
     bf16, q = (rec["systems"][s]["ranking"]["A"]["logprob_err_mean"] for s in fp8.SYSTEMS)
     assert q > bf16 > 0  # FP8 rounds more than bf16, and both round
