@@ -39,9 +39,9 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row of ``x`` [M, K] in FP8 with a scale of its own: ``(q [M, K] e4m3, scale [M, 1]
     fp32)`` with ``x ~= q * scale``, ``scale = absmax / 448``. The absmax is exact in ``x``'s dtype
     and the division is in fp32, so the CPU and the GPU give the same bits for the same ``x``."""
-    amax = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=MIN_AMAX)
-    scale = amax / FP8_MAX
-    q = (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    amax = torch.linalg.vector_norm(x, float("inf"), dim=-1, keepdim=True, dtype=torch.float32)
+    scale = amax.clamp(min=MIN_AMAX) / FP8_MAX
+    q = (x / scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8)  # bf16 / fp32 divides in fp32: one temporary
     return q, scale
 
 
