@@ -402,3 +402,18 @@ def test_spearman_and_top3_agreement():
     assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == -1.0
     assert spearman([1, 2, 3], [1, 3, 2]) == pytest.approx(0.5)
     assert top_k_agreement([5, 4, 3, 2, 1], [5, 4, 0, 9, 1]) == pytest.approx(2 / 3)
+
+
+def test_the_throughput_benchmark_has_an_fp8_system(tmp_path, monkeypatch):
+    from bench import throughput
+
+    ran = []
+    forward = Fp8Linear.forward
+    monkeypatch.setattr(Fp8Linear, "forward", lambda self, x: ran.append(1) or forward(self, x))
+    throughput.main(
+        ["--device", "cpu", "--models", "smoke", "--workloads", "A", "--calls", "2", "--seconds", "0.05",
+         "--systems", "auto@fp8", "--out", str(tmp_path)]
+    )  # fmt: skip
+    (rec,) = json.loads((tmp_path / "throughput.json").read_text())["records"]
+    assert rec["system"] == "auto@fp8" and rec["docs_s"] > 0, rec
+    assert ran  # the linears ran in FP8
