@@ -23,7 +23,7 @@ import torch
 
 from .attention import BACKENDS, FALLBACKS
 from .engine import GPU_MIN_CACHE_READ_TOKENS, Engine, EngineConfig
-from .models.fp8_checkpoint import UnsupportedQuantization, checkpoint_format
+from .models.fp8_checkpoint import checkpoint_format
 from .models.quant import QUANTIZATIONS
 from .planning import names as scheme_names
 from .planning.choose import AUTO_POLICIES
@@ -81,9 +81,9 @@ def _checkpoint(v):
     if not (Path(v) / "config.json").is_file():
         return "has no config.json"
     try:
-        checkpoint_format(v)
-    except UnsupportedQuantization as e:
-        return f"cannot run: {e}"
+        checkpoint_format(v)  # a quantization_config the engine cannot run, named before anything loads
+    except ValueError as e:  # UnsupportedQuantization, or config.json not JSON
+        return f"cannot load: {e}"
     return None
 
 

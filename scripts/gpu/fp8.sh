@@ -6,10 +6,10 @@
 #                            MODELS=qwen3-0.6b,qwen3-8b GPU_TESTS=1 to change what runs)
 source scripts/gpu/env.sh
 if [ "${GPU_TESTS:-1}" = 1 ]; then
-  timeout 150 python3 -m pytest -m gpu tests/gpu/test_quant_gpu.py -q -p no:cacheprovider \
+  timeout 120 python3 -m pytest -m gpu tests/gpu/test_quant_gpu.py -q -p no:cacheprovider \
     --junitxml="$OUT/fp8-gpu-tests.xml" 2>&1 | tail -25 | tee "$OUT/fp8-gpu-tests.log"
 fi
 # the JSON is written after each system, so a run cut by the timeout keeps what it measured
-timeout "${BENCH_TIMEOUT_S:-330}" python3 -m bench.fp8 --out "$OUT" --models "${MODELS:-qwen3-0.6b,qwen3-8b}" \
+timeout "${BENCH_TIMEOUT_S:-360}" python3 -m bench.fp8 --out "$OUT" --models "${MODELS:-qwen3-0.6b,qwen3-8b}" \
   --calls "${CALLS:-1000}" --calls-8b "${CALLS_8B:-100}" --seconds "${SECONDS_PER:-3}" 2>&1 \
   | grep -v Warning | tee "$OUT/fp8.log"
