@@ -148,6 +148,25 @@ def test_quantized_engine_scores_equal_the_reference(tiny):
     assert fp8.runner.model.lm_head.weight.dtype == torch.float32  # the LM head stays
 
 
+def test_q_k_v_and_gate_up_quantize_their_input_once(tiny, monkeypatch):
+    """Four quantizations of activations a layer (q/k/v, o, gate/up, down), not seven; a linear
+    called again on the same tensor quantizes it again."""
+    from scorer.models import quant
+
+    model, _ = load_model(tiny, "cpu", torch.float32, "torch", "fp8")
+    seen = []
+    monkeypatch.setattr(quant, "quantize_rows", lambda x: seen.append(x.shape) or quantize_rows(x))
+    ids = torch.arange(20)
+    with torch.no_grad():
+        hidden = model.forward_hidden(ids, ids, lambda i, q, k, v: q)  # attention: any [T, Hq, D]
+    assert len(seen) == 4 * model.num_layers and hidden.shape == (20, 64)
+    attn = model.model.layers[0].self_attn
+    x = torch.randn(3, 64)
+    seen.clear()
+    attn.q_proj(x), attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+    assert len(seen) == 2  # the second q_proj call: fresh; k and v: that one's
+
+
 @pytest.fixture(scope="module")
 def fp8_engine(tiny) -> Engine:
     return loaded(tiny, "fp8")

@@ -41,7 +41,9 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     and the division is in fp32, so the CPU and the GPU give the same bits for the same ``x``."""
     amax = torch.linalg.vector_norm(x, float("inf"), dim=-1, keepdim=True, dtype=torch.float32)
     scale = amax.clamp(min=MIN_AMAX) / FP8_MAX
-    q = (x / scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8)  # bf16 / fp32 divides in fp32: one temporary
+    # bf16 / fp32 divides in fp32 (one temporary). No clamp: the row's largest lands within a few
+    # ulps of 448, which the cast rounds to 448 (torch's e4m3fn cast also saturates up to 480)
+    q = (x / scale).to(FP8)
     return q, scale
 
 
@@ -58,6 +60,32 @@ def scaled_mm_supported(device: torch.device) -> str | None:
         name = torch.cuda.get_device_name(device)
         return f"FP8 GEMMs need a GPU of compute capability 8.9 or later (Ada, Hopper); {name} is not"
     return None
+
+
+class SharedInput:
+    """One quantization of an input that several linears read one after another (q, k and v;
+    gate and up read the same tensor): the first of them to see ``x`` quantizes it, each other one
+    called on the same tensor object reuses that, and once every linear of the group has read it
+    it is let go. A linear called twice gets a fresh quantization, so nothing serves a tensor
+    changed in place since (the decoder calls a group's linears on consecutive lines)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._x: torch.Tensor | None = None
+        self._q: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._readers: set[int] = set()
+
+    def __call__(
+        self, reader: nn.Module, x: torch.Tensor, rows: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``rows``: ``x`` as [M, K]."""
+        if self._x is not x or id(reader) in self._readers:
+            self._x, self._q, self._readers = x, quantize_rows(rows), set()
+        q = self._q
+        self._readers.add(id(reader))
+        if len(self._readers) == self.size:
+            self._x = self._q = None
+        return q
 
 
 class Fp8Linear(nn.Module):
@@ -78,6 +106,9 @@ class Fp8Linear(nn.Module):
         self.register_buffer("weight", weight.contiguous())
         self.register_buffer("weight_scale", weight_scale.reshape(1, n).float().contiguous())
         self.bias = bias
+        self.shared: SharedInput | None = (
+            None  # the input quantization this linear shares (``quantize_model``)
+        )
 
     @classmethod
     def quantize(cls, linear: nn.Linear) -> Fp8Linear:
@@ -87,7 +118,8 @@ class Fp8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
-        qx, sx = quantize_rows(x.reshape(-1, self.in_features))
+        rows = x.reshape(-1, self.in_features)
+        qx, sx = quantize_rows(rows) if self.shared is None else self.shared(self, x, rows)
         if x.is_cuda:
             y = torch._scaled_mm(
                 qx, self.weight.t(), scale_a=sx, scale_b=self.weight_scale, out_dtype=torch.bfloat16
@@ -115,7 +147,8 @@ def quantize_model(
     """Turn the decoder's linears into ``Fp8Linear``, in place, after ``DecoderLM.finalize``:
     ``prequantized`` maps a linear's name (``model.layers.0.self_attn.q_proj``) to its FP8 weight
     and per-channel scales from the checkpoint; every other linear is quantized from its weight.
-    The fused kernels' merged GEMMs, which read the bf16 weights, are switched off (see the module)."""
+    q, k and v share one quantization of their input, gate and up another (``SharedInput``). The
+    fused kernels' merged GEMMs, which read the bf16 weights, are switched off (see the module)."""
     dev = model.lm_head.weight.device
     if problem := scaled_mm_supported(dev):
         raise ValueError(problem)
@@ -132,6 +165,13 @@ def quantize_model(
                 else:
                     fp8 = Fp8Linear(given[0].to(dev), given[1].to(dev), linear.bias)
                 setattr(owner, name, fp8)
+        for group in (
+            [getattr(layer.self_attn, n) for n in ATTENTION_LINEARS[:3]],
+            [getattr(layer.mlp, n) for n in MLP_LINEARS[:2]],
+        ):
+            shared = SharedInput(len(group))
+            for linear in group:
+                linear.shared = shared
         layer.self_attn.qkv_proj = None
         layer.mlp.gate_up = None
     model.qkv_in_place = False
