@@ -42,7 +42,7 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     amax = torch.linalg.vector_norm(x, float("inf"), dim=-1, keepdim=True, dtype=torch.float32)
     scale = amax.clamp(min=MIN_AMAX) / FP8_MAX
     # bf16 / fp32 divides in fp32 (one temporary). No clamp: the row's largest lands within a few
-    # ulps of 448, which the cast rounds to 448 (torch's e4m3fn cast also saturates up to 480)
+    # ulps of 448, which rounds to 448 (a value would need 464 to round past it)
     q = (x / scale).to(FP8)
     return q, scale
 
