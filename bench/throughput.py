@@ -14,7 +14,8 @@ label ids. For each workload (prompt + N docs of S tokens) and system:
   outside the output and down GEMMs (``DecoderLM.residual_in_gemm``); ``@finorm`` with
   FlashInfer's hidden-state norms instead of Triton's (``DecoderLM.triton_norm``); ``@noswiglu``
   with the MLP's gate/up on cuBLAS and FlashInfer's SiLU-and-mul instead of Triton's one GEMM
-  (``DecoderLM.swiglu_gemm``); ``@nomat`` with
+  (``DecoderLM.swiglu_gemm``); ``@fp8`` with the decoder's linears in FP8 (``--quantization fp8``,
+  ``scorer.models.quant``); ``@nomat`` with
   long docs' attention paged instead of on FA3 over a gathered copy of their keys; ``@pool`` with a split
   call's passes reusing its prompt's K/V from a pool, never computing it again): batches of at
   most ``--budget`` tokens formed as the server's batcher forms them at saturation
@@ -64,6 +65,7 @@ from scorer.attention import HeadSpec
 from scorer.attention.torch_ref import TorchBackend
 from scorer.engine import Engine, EngineConfig
 from scorer.models.graphs import FINE, TOP_QUARTER, buckets
+from scorer.models.quant import quantize_model
 from scorer.planning import REGISTRY
 from scorer.prefix_cache import PrefixCache
 from scorer.request import Doc, ScoreOptions, ScoreRequest
@@ -435,6 +437,7 @@ def engine_for(
     triton_norm: bool = True,
     materialize: bool = True,
     swiglu_gemm: bool = True,
+    fp8: bool = False,
 ) -> Engine:
     """The serving configuration (FlashInfer, CUDA graphs); the torch reference on the CPU (smoke);
     the embedded tokenizer, for the text calls. ``attention``: FlashInfer's prefill kernels
@@ -446,13 +449,16 @@ def engine_for(
     split call never computes its prompt again (``EngineConfig.prompt_recompute_share`` 0);
     ``residual_in_gemm``, ``triton_norm``, ``swiglu_gemm``: ``DecoderLM``'s settings of those names;
     ``materialize=False``: long docs' calls paged, not on FA3 over a copy of their keys
-    (``FlashInferBackend``'s ``materialize``)."""
+    (``FlashInferBackend``'s ``materialize``); ``fp8``: the decoder's linears in FP8
+    (``quant.quantize_model``)."""
     cuda = device.type == "cuda"
     model = build_model(device, cfg["num_hidden_layers"], kernels if cuda else "torch", cfg)
     model.qkv_in_place = model.qkv_in_place and qkv_in_place
     model.residual_in_gemm = model.residual_in_gemm and residual_in_gemm
     model.triton_norm = model.triton_norm and triton_norm
     model.swiglu_gemm = model.swiglu_gemm and swiglu_gemm
+    if fp8:
+        quantize_model(model)
     mc = model.config
     spec = HeadSpec(mc.num_heads, mc.num_kv_heads, mc.head_dim, torch.bfloat16, device)
     if cuda:
@@ -491,7 +497,7 @@ def main(argv: list[str] | None = None) -> None:
         "--systems",
         default="",
         help="auto, auto@flashinfer, auto@fa3, auto@lt, auto@paged, auto@copyv, auto@noaddmm, auto@finorm,"
-        " auto@noswiglu, auto@nomat, auto@pool, a scheme, hf_naive, hf_prefix",
+        " auto@noswiglu, auto@nomat, auto@pool, auto@fp8, a scheme, hf_naive, hf_prefix",
     )
     ap.add_argument("--seconds", type=float, default=4.0, help="per system, at saturation")
     ap.add_argument("--cache-systems", default="auto,auto+cache", help="the systems of the repeat workloads")
@@ -596,6 +602,7 @@ def measure(rec: dict, engines: dict, cfg: dict, device, a, w: str, reqs, stream
                     triton_norm=at != "finorm",
                     materialize=at != "nomat",
                     swiglu_gemm=at != "noswiglu",
+                    fp8=at == "fp8",
                 )
             )
         if key not in engines:  # the same model and runner, with a pool

@@ -11,6 +11,7 @@ BACKENDS = ("auto", "torch", "flashinfer")
 FALLBACKS = ("none", "torch")
 MODEL_KERNELS = ("auto", "torch", "flashinfer", "fused")
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
+QUANTIZATIONS = ("none", "fp8")  # of the decoder's linear layers (models/quant.py)
 
 SCORE_MODES = ("softmax", "logprob")
 TRUNCATE_MODES = ("error", "doc_end")

@@ -47,10 +47,12 @@ def build_engine(
     cuda_graph_max_tokens: int = 16384,
     prefix_cache_mib: int | str = 0,
     prefix_cache_admit: int = 2,
+    quantization: str = "none",
 ) -> Engine:
     """fp32 on CPU, bf16 on GPU unless ``dtype`` says otherwise; no ``model_dir``: the tiny default.
     ``prefix_cache_mib``: the prefix cache's pool (0: none; ``auto``: see ``prefix_cache.auto_mib``);
-    ``prefix_cache_admit``: the sightings before it keeps a prompt block (see ``prefix_cache``).
+    ``prefix_cache_admit``: the sightings before it keeps a prompt block (see ``prefix_cache``);
+    ``quantization``: ``fp8`` runs the decoder's linears in FP8 (``models/quant.py``).
     Raises BackendUnavailable when ``attention_backend`` cannot run the model (see make_backend)."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
@@ -59,8 +61,11 @@ def build_engine(
     spec = HeadSpec(mc.num_heads, mc.num_kv_heads, mc.head_dim, dtype, dev)
     backend = make_backend(attention_backend, spec, attention_fallback)
     chosen = model_kernels(kernels, backend.name, dev.type)
-    model, tokenizer = load_model(path, dev, dtype, chosen)
-    log.info("model %s on %s (%s), attention %s, %s kernels", path, dev, dtype, backend.name, chosen)
+    model, tokenizer = load_model(path, dev, dtype, chosen, quantization)
+    log.info(
+        "model %s on %s (%s), attention %s, %s kernels, linears %s",
+        path, dev, dtype, backend.name, chosen, "fp8" if quantization == "fp8" else dtype,
+    )  # fmt: skip
     runner = ModelRunner(model, backend, cuda_graph_max_tokens)
     mib = auto_mib(dev) if prefix_cache_mib == "auto" else int(prefix_cache_mib)
     cache = PrefixCache.for_model(mib, mc, dtype, dev, admit=prefix_cache_admit)

@@ -33,6 +33,7 @@ from .options import (
     MAX_REQUEST_BYTES,
     MODEL_KERNELS,
     PREFIX_CACHE_MODES,
+    QUANTIZATIONS,
     SCORE_MODES,
     TRUNCATE_MODES,
     ScoreOptions,
@@ -84,7 +85,15 @@ def _device(v):
 def _checkpoint(v):
     if not Path(v).is_dir():
         return "is not a directory"
-    return None if (Path(v) / "config.json").is_file() else "has no config.json"
+    if not (Path(v) / "config.json").is_file():
+        return "has no config.json"
+    from .models.fp8_checkpoint import checkpoint_format
+
+    try:
+        checkpoint_format(v)  # a quantization_config the engine cannot run, named before anything loads
+    except ValueError as e:  # UnsupportedQuantization, or config.json not JSON
+        return f"cannot load: {e}"
+    return None
 
 
 def _auto_or_count(unit: str = "", most: int | None = None):
@@ -156,6 +165,15 @@ class Settings:
         " GEMM and Triton's q/k norm + RoPE kernel), torch (HF's op order), or auto (fused with"
         " FlashInfer attention on CUDA)",
         choices=MODEL_KERNELS,
+        scopes=EVERY,
+    )
+    quantization: str = setting(
+        "none",
+        "fp8: the decoder's linear layers (q/k/v/o, gate/up/down) as FP8 e4m3 GEMMs, weights per output"
+        " channel, activations per token (the LM head, embeddings, norms and attention stay in --dtype);"
+        " a pre-quantized FP8 checkpoint runs its own FP8 weights. none: every layer in --dtype (a"
+        " pre-quantized checkpoint dequantized). docs/quantization.md",
+        choices=QUANTIZATIONS,
         scopes=EVERY,
     )
     cuda_graph_max_tokens: int = setting(
@@ -371,6 +389,7 @@ class Settings:
             cuda_graph_max_tokens=self.cuda_graph_max_tokens,
             prefix_cache_mib=self.prefix_cache_mib,
             prefix_cache_admit=self.prefix_cache_admit,
+            quantization=self.quantization,
         )
 
 

@@ -11,6 +11,9 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from scorer.config import ModelConfig
 from scorer.models import MODEL_CLASSES
 from scorer.models.decoder import DecoderLM
+from scorer.models.fp8_checkpoint import checkpoint_format
+from scorer.models.quant import quantize_model
+from scorer.options import QUANTIZATIONS
 
 # Old Llama checkpoints carry the RoPE buffer; it is recomputed from the config.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -21,12 +24,17 @@ def load_model(
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
     kernels: str = "torch",
+    quantization: str = "none",
 ) -> tuple[DecoderLM, PreTrainedTokenizerBase]:
     """Load weights from all *.safetensors shards and the tokenizer in model_dir.
 
     dtype None keeps the dtype config.json names (or the stored tensors' dtype if it names none);
-    ``kernels``: the model's elementwise kernels (see DecoderLM).
+    ``kernels``: the model's elementwise kernels (see DecoderLM); ``quantization``: ``fp8`` runs
+    the decoder's linears in FP8 (``quant.py``; a pre-quantized checkpoint's FP8 weights as they
+    are, ``fp8_checkpoint.py``), ``none`` in ``dtype`` (a pre-quantized checkpoint dequantized).
     """
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"unknown quantization {quantization!r}; expected one of {', '.join(QUANTIZATIONS)}")
     model_dir = Path(model_dir)
     config = ModelConfig.from_hf(model_dir)
     shards = sorted(model_dir.glob("*.safetensors"))
@@ -34,10 +42,14 @@ def load_model(
         raise FileNotFoundError(f"{model_dir} has no *.safetensors weights")
     device = torch.device(device)
     dtype = dtype or config.dtype
+    fp8_format = checkpoint_format(model_dir)  # None unless pre-quantized; refuses what cannot run
 
     with torch.device("meta"):
         model = MODEL_CLASSES[config.architecture](config, kernels)
-    state = _read_shards(shards, device, dtype)
+    state = _read_shards(shards, device, None if fp8_format else dtype)
+    fp8_linears = None
+    if fp8_format is not None:
+        state, fp8_linears = fp8_format.split(state, dtype or torch.bfloat16, quantization == "fp8")
     expected = set(model.state_dict())
     missing = expected - state.keys()
     if config.tie_word_embeddings:
@@ -52,6 +64,8 @@ def load_model(
     model.load_state_dict(state, strict=False, assign=True)
     model.eval().requires_grad_(False)
     model.finalize()
+    if quantization == "fp8":
+        quantize_model(model, fp8_linears)
 
     return model, load_tokenizer(model_dir)
 
