@@ -328,9 +328,24 @@ def test_the_next_batch_is_launched_while_the_last_one_is_collected():
     assert len(events) == 6
 
 
-async def warmed(forward, policy: BatchPolicy, calls: int = 2) -> Batcher:
+class Clock:
+    """The batcher's clock, driven by the test: the fake device advances it by the time its work
+    would take, and the test by the gaps between arrivals, so what the batcher measures (batch
+    times, arrival gaps) is exact however loaded the machine is."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+async def warmed(forward, policy: BatchPolicy, calls: int = 2, clock=time.monotonic) -> Batcher:
     """A started batcher whose forward-time model has seen ``calls`` batches of one 10-token call."""
-    batcher = Batcher(forward, policy)
+    batcher = Batcher(forward, policy, clock)
     batcher.start()
     for i in range(calls):
         await batcher.submit(call(10, f"warm{i}"), None, f"warm{i}")
@@ -342,32 +357,35 @@ def test_under_light_load_a_short_batch_runs_on_the_event_loop_and_others_on_the
     calls arrive far apart is launched on the loop's own thread (no hand-off: each costs an idle
     server a wake-up), and waited for there when nothing is queued behind it. A batch launched
     while another is in flight, in a burst of calls, or estimated long goes to the worker threads,
-    so the next launch overlaps its device work and the loop answers meanwhile."""
+    so the next launch overlaps its device work and the loop answers meanwhile. The batcher's clock
+    is the test's: a launch takes 0.5 ms of it (50 ms for "slow" calls), "first"'s results 20 ms."""
     import threading
 
+    clock = Clock()
     seen: dict[str, tuple[str, str]] = {}  # call: (thread of its launch, thread of its collect)
 
     def launch(batch: Sequence[Job]):
         name, launched = batch[0].request.prompt, threading.current_thread().name
-        time.sleep(0.05 if name.startswith("slow") else 0.0005)
+        clock.advance(0.05 if name.startswith("slow") else 0.0005)
 
         def collect():
-            time.sleep(0.02 if name == "first" else 0.0)
+            clock.advance(0.02 if name == "first" else 0.0)
             seen[name] = (launched, threading.current_thread().name)
             return [ScoreResult((), "ragged", Usage(0, 0, tokens_of(t), 0)) for t in batch]
 
         return collect
 
     async def scenario():
-        batcher = await warmed(launch, BatchPolicy(max_batch_tokens=100, max_wait_s=0))
-        await asyncio.sleep(0.03)
+        batcher = await warmed(launch, BatchPolicy(max_batch_tokens=100, max_wait_s=0), clock=clock)
+        clock.advance(0.03)
         await batcher.submit(call(10, "idle"), None, "idle")
-        await asyncio.sleep(0.03)
+        clock.advance(0.03)
+        # both queued before the batcher runs: "first" goes alone (the budget), "second" behind it
         await asyncio.gather(*(batcher.submit(call(100, n), None, n) for n in ("first", "second")))
-        await asyncio.sleep(0.03)
+        clock.advance(0.03)
         await asyncio.gather(*(batcher.submit(call(100, f"burst{i}"), None, f"burst{i}") for i in range(8)))
         for i in range(4):  # the model comes to fit ~50 ms a batch: past INLINE_S
-            await asyncio.sleep(0.2)
+            clock.advance(0.2)
             await batcher.submit(call(100, f"slow{i}"), None, f"slow{i}")
         await batcher.close()
         return threading.current_thread().name
