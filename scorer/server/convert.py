@@ -1,10 +1,77 @@
-"""Protobuf <-> engine types, and nothing else."""
+"""Protobuf <-> engine types, and the limits a message is held to before it is copied into them."""
 
 from __future__ import annotations
 
-from ..request import Doc, Job, ScoreOptions, ScoreRequest
+from ..request import (
+    DEFAULT_LABELS,
+    Doc,
+    InvalidInput,
+    Job,
+    Limits,
+    ScoreOptions,
+    ScoreRequest,
+    check_doc_id,
+    check_labels,
+)
 from ..v1 import scorer_pb2 as pb
 from .batcher import Scored
+
+ANSWER_BYTES = 1024
+"""At most, the bytes of an answer besides its docs: scheme, usage, timing, model, template (the
+request id is counted apart)."""
+DOC_SCORE_BYTES = 48
+"""At most, the bytes of one doc's entry in an answer besides its id and label log-probs: every
+field's tag, length and largest value (uint32 varints of 5 bytes, a 4-byte float)."""
+
+
+def check_message(msg: pb.ScoreDocsRequest, limits: Limits) -> None:
+    """The counts of ``msg``'s repeated fields against ``limits``, read before any is copied (a
+    protobuf container's length is known without copying it; a tuple of 20M ids takes seconds of
+    the event loop): docs, labels, the prompt's ids against the model's positions, each doc's ids
+    against its limit where ``truncate`` is error, all ids against what a call at every limit
+    can use, and the ids the answer echoes. Raises InvalidInput naming the field; ``tokenize``
+    checks the same exactly (the template's tokens counted) once the message is copied."""
+    o = msg.options
+    check_labels(len(o.label_tokens), len(o.label_token_ids))
+    if len(msg.docs) > limits.max_docs:
+        raise InvalidInput("docs", f"{len(msg.docs)} documents exceed the limit of {limits.max_docs}")
+    prompt = len(msg.prompt_token_ids)
+    if prompt >= limits.max_positions:
+        raise InvalidInput(
+            "prompt_token_ids",
+            f"{prompt} tokens leave no room for a document in the model's {limits.max_positions} positions",
+        )
+    room = limits.max_positions - prompt
+    cap = min(o.max_doc_tokens or limits.max_doc_tokens, limits.max_doc_tokens, room)
+    strict = (o.truncate or "error") == "error"
+    total = prompt
+    for i, doc in enumerate(msg.docs):
+        check_doc_id(i, doc.id)
+        count = len(doc.token_ids)
+        if strict and count > cap:
+            why = "the prompt + document exceed the model's positions" if cap == room else "max_doc_tokens"
+            raise InvalidInput(
+                f"docs[{i}]", f"{count} tokens exceed the limit of {cap} ({why}); set truncate=doc_end"
+            )
+        total += count
+    most = limits.max_positions + limits.max_docs * limits.max_doc_tokens
+    if total > most:
+        raise InvalidInput(
+            "docs",
+            f"{total} token ids in all exceed the limit of {most} (the model's positions + max_docs x"
+            " max_doc_tokens: what a call can use)",
+        )
+
+
+def answer_bytes(msg: pb.ScoreDocsRequest) -> int:
+    """At most, the size of ``msg``'s answer: the docs returned (``top_n`` or all) with their ids
+    (the longest, where ``top_n`` picks) and a float per label each with ``return_label_logprobs``."""
+    o = msg.options
+    ids = sorted((len(d.id.encode()) for d in msg.docs), reverse=True)
+    returned = min(o.top_n, len(ids)) if o.top_n else len(ids)
+    labels = len(o.label_token_ids) or len(o.label_tokens) or len(DEFAULT_LABELS)
+    per_doc = DOC_SCORE_BYTES + (4 * labels if o.return_label_logprobs else 0)
+    return ANSWER_BYTES + len(msg.request_id) + returned * per_doc + sum(ids[:returned])
 
 
 def request_from_proto(msg: pb.ScoreDocsRequest, request_id: str) -> ScoreRequest:

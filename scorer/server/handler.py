@@ -33,7 +33,7 @@ from ..request import InvalidInput
 from ..v1 import scorer_pb2 as pb
 from .batcher import DEADLINE_SLACK_S, Closed, Dropped, OutOfMemory, QueueFull
 from .calls import Inflight, close_call, open_call
-from .convert import request_from_proto, response_to_proto
+from .convert import answer_bytes, check_message, request_from_proto, response_to_proto
 from .scoring import ScoringService
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ class NotReady(Exception):
 
 
 class MessageTooLarge(Exception):
-    """A request over ``--max-message-bytes``."""
+    """A request, or the answer it asks for, over ``--max-message-bytes``."""
 
 
 class DeadlinePassed(Exception):
@@ -240,10 +240,12 @@ class CallHandler:
         service = self.service
         if service is None:
             raise NotReady("the model is loading")
+        check_message(request, service.engine.limits)  # before the message is copied
+        self._check_answer(answer_bytes(request), "would take up to")  # before any compute
         job, tokenize_seconds = await service.tokenize(request_from_proto(request, call.request_id))
         call.scheme = job.scheme.name
         scored = await service.score(job, deadline, call.request_id)
-        return response_to_proto(
+        response = response_to_proto(
             job,
             call.request_id,
             service.engine.model_name,
@@ -251,6 +253,17 @@ class CallHandler:
             tokenize_seconds,
             time.monotonic() - call.started,
         )
+        # gRPC would refuse to send it (the client gets RESOURCE_EXHAUSTED): answered and counted so here
+        self._check_answer(response.ByteSize(), "takes")
+        return response
+
+    def _check_answer(self, size: int, verb: str) -> None:
+        limit = self.max_message_bytes
+        if limit is not None and size > limit:
+            raise MessageTooLarge(
+                f"the answer {verb} {size} bytes, over --max-message-bytes {limit}: ask for fewer docs"
+                " (top_n), labels or label log-probs, or shorter doc ids"
+            )
 
 
 def _adopt_request_id(request_id: str, call, front: Front) -> Metadata:
