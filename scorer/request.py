@@ -183,8 +183,7 @@ def check_options(o: ScoreOptions) -> None:
     if o.top_n < 0:
         raise InvalidInput("options.top_n", "must not be negative")
     check_labels(len(o.label_tokens), len(o.label_token_ids))
-    if len(o.cache_salt) > MAX_CACHE_SALT:
-        raise InvalidInput("options.cache_salt", f"longer than {MAX_CACHE_SALT} characters")
+    check_cache_salt(o.cache_salt)
     if o.doc_special_tokens and o.special_tokens and o.doc_special_tokens != o.special_tokens:
         raise InvalidInput(
             "options.doc_special_tokens",
@@ -199,6 +198,11 @@ def check_labels(label_tokens: int, label_token_ids: int) -> None:
     for name, count in (("label_tokens", label_tokens), ("label_token_ids", label_token_ids)):
         if count > MAX_LABELS:
             raise InvalidInput(f"options.{name}", f"{count} labels exceed the limit of {MAX_LABELS}")
+
+
+def check_cache_salt(salt: str) -> None:
+    if len(salt) > MAX_CACHE_SALT:
+        raise InvalidInput("options.cache_salt", f"longer than {MAX_CACHE_SALT} characters")
 
 
 def check_doc_id(i: int, doc_id: str) -> None:

@@ -30,6 +30,7 @@ from ..engine import Engine
 from ..settings import SERVE, Settings, from_args
 from ..v1 import scorer_pb2
 from . import loops
+from .auth import load_keys
 from .calls import Inflight, RequestIdFilter
 from .frontends import frontend_count, serve_split
 from .handler import CallHandler
@@ -98,7 +99,7 @@ async def serve(args: Settings) -> int:
     frontends = frontend_count(args.frontends, args.device)
     if frontends:
         return await serve_split(args, signals, frontends)
-    handler = CallHandler(max_message_bytes=args.max_message_bytes)
+    handler = CallHandler.from_settings(args)
     inflight = handler.inflight
     health = health_aio.HealthServicer()
     await _set_health(health, NOT_SERVING)
@@ -190,7 +191,7 @@ async def _start_http(
 
     try:
         http = await start_http(
-            handler, serving, args.host, args.http_port, args.api_key, reuse_port=reuse_port
+            handler, serving, args.host, args.http_port, handler.keys, reuse_port=reuse_port
         )
     except OSError as e:
         raise CannotListen(f"HTTP port {args.host}:{args.http_port}: {e.strerror}") from None
@@ -204,7 +205,7 @@ def log_http(args: Settings, port: int) -> None:
         "HTTP rerank on http://%s:%d (Cohere /v2/rerank, Jina /v1/rerank, TEI /rerank)%s",
         args.host,
         port,
-        "; API key required" if args.api_key else "",
+        "; API key required" if load_keys(args.api_key, args.api_key_file) else "",
     )
 
 
