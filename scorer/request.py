@@ -22,7 +22,7 @@ DOC_SPECIAL_TOKENS = ("parse", "text")  # the choices of special_tokens and doc_
 PREFIX_CACHE_MODES = ("off",)  # the choices of prefix_cache besides "" (use the cache)
 MAX_CACHE_SALT = 256  # characters
 MAX_LABELS = 64  # label_tokens or label_token_ids: each doc's answer carries a log-prob per label
-MAX_DOC_ID = 256  # characters of a doc's id, which its answer echoes
+MAX_DOC_ID = 256  # UTF-8 bytes of a doc's id, which its answer echoes
 DEFAULT_LABELS = ("yes", "no")
 MAX_DOC_BYTES = 1 << 20  # UTF-8 bytes of one doc's text
 MAX_REQUEST_BYTES = 16 << 20  # of the prompt, instruction and every doc's text
@@ -206,9 +206,9 @@ def check_cache_salt(salt: str) -> None:
 
 
 def check_doc_id(i: int, doc_id: str) -> None:
-    """A doc's id is echoed in its answer: at most MAX_DOC_ID characters."""
-    if len(doc_id) > MAX_DOC_ID:
-        raise InvalidInput(f"docs[{i}].id", f"{len(doc_id)} characters exceed the limit of {MAX_DOC_ID}")
+    """A doc's id is echoed in its answer: at most MAX_DOC_ID bytes."""
+    if (size := _utf8_len(doc_id)) > MAX_DOC_ID:
+        raise InvalidInput(f"docs[{i}].id", f"{size} bytes exceed the limit of {MAX_DOC_ID}")
 
 
 class Cancelled(Exception):
