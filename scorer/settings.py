@@ -271,8 +271,8 @@ class Settings:
     )
     api_key: str | None = setting(
         None,
-        "require Authorization: Bearer KEY on HTTP and gRPC calls (default: no key asked). Discouraged:"
-        f" the command line shows in ps; give --api-key-file or ${API_KEY_ENV} instead",
+        "require Authorization: Bearer KEY (scorer serve: HTTP and gRPC; Ray: HTTP; default: no key"
+        f" asked). Discouraged: the command line shows in ps; give --api-key-file or ${API_KEY_ENV} instead",
         metavar="KEY",
     )
     api_key_file: str | None = setting(
