@@ -247,8 +247,8 @@ def test_a_message_in_another_form_is_left_to_the_parser():
 
 def test_a_server_refuses_20m_prompt_ids_promptly_and_small_calls_beside_it_go_on(server):
     """Before, the refusal came after 2.8-9.9 s and small calls waited up to 8.8 s. The bounds are
-    generous (a loaded 2-core machine); the refusal's handling, as the server logs it, took ~0.2 s
-    on one at load 10."""
+    generous (a loaded 2-core machine); the refusal's handling, as the server logs it, took 24 ms
+    on one at load 8 (the client's round trip, the 40 MB sent: 0.16 s)."""
     data = pb.ScoreDocsRequest(prompt_token_ids=[1000] * 20_000_000, docs=[ids_doc(3)]).SerializeToString()
     small = pb.ScoreDocsRequest(prompt="q", docs=[pb.Doc(text="d")])
     waits: list[float] = []
