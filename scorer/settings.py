@@ -290,6 +290,11 @@ class Settings:
         " usage.cached_prompt_tokens or latency (needs a key; docs/security.md)",
         scopes=(SERVE,),
     )
+    metrics_auth: bool = setting(
+        False,
+        "/metrics on --metrics-port wants the API key too (Authorization: Bearer KEY; needs a key)",
+        scopes=(SERVE,),
+    )
     require_cache_salt: bool = setting(
         False,
         "refuse a call without a cache salt (options.cache_salt, HTTP's X-Cache-Salt) with"
@@ -350,10 +355,11 @@ class Settings:
         if self.api_key and self.api_key_file:
             raise ValueError("--api-key and --api-key-file: give one")
         keyed = self.api_key or self.api_key_file or os.environ.get(API_KEY_ENV)
-        if self.cache_salt_from_key and not keyed:
-            raise ValueError(
-                f"--cache-salt-from-key needs an API key: --api-key-file, ${API_KEY_ENV} or --api-key"
-            )
+        for name in ("cache_salt_from_key", "metrics_auth"):
+            if getattr(self, name) and not keyed:
+                raise ValueError(
+                    f"{flag(name)} needs an API key: --api-key-file, ${API_KEY_ENV} or --api-key"
+                )
         for f in fields(self):
             value, choices, check = getattr(self, f.name), f.metadata["choices"], f.metadata["check"]
             if value is None or value == "":

@@ -30,7 +30,7 @@ from ..engine import Engine
 from ..settings import SERVE, Settings, from_args
 from ..v1 import scorer_pb2
 from . import loops
-from .auth import load_keys
+from .auth import load_keys, metrics_guard
 from .calls import Inflight, RequestIdFilter
 from .frontends import frontend_count, serve_split
 from .handler import CallHandler
@@ -214,7 +214,7 @@ def _metrics_http(args: Settings, multiprocess_dir: str | None = None):
     if not args.metrics_port:
         return None
     try:
-        return metrics.serve_http(args.metrics_port, args.host, multiprocess_dir)
+        return metrics.serve_http(args.metrics_port, args.host, multiprocess_dir, metrics_guard(args))
     except OSError as e:
         raise CannotListen(f"metrics port {args.host}:{args.metrics_port}: {e.strerror}") from None
 

@@ -53,6 +53,12 @@ class ApiKeys:
             raise Unauthenticated("authorization: Bearer <api key> required")
         return found
 
+    def allows(self, authorization: str | bytes | None) -> bool:
+        try:
+            return bool(self.match(authorization))
+        except Unauthenticated:
+            return False
+
 
 def load_keys(api_key: str | None, api_key_file: str | None, environ: Mapping[str, str] = os.environ):
     """The server's keys from the first of ``--api-key-file``, ``SCORER_API_KEY`` and ``--api-key``
@@ -68,3 +74,10 @@ def key_salt(key: str, salt: str) -> str:
     """The prefix-cache salt of a call authenticated with ``key`` that sent ``salt``: a digest, so
     no key shows in the cache, and calls of other keys (whatever salt they send) never match it."""
     return hashlib.sha256(f"{len(key)}:{key}:{salt}".encode()).hexdigest()
+
+
+def metrics_guard(settings):
+    """With ``--metrics-auth``: whether an ``Authorization`` value may read /metrics (one of the
+    server's keys); else None (open)."""
+    keys = load_keys(settings.api_key, settings.api_key_file) if settings.metrics_auth else None
+    return None if keys is None else keys.allows

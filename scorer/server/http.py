@@ -49,7 +49,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 from ..planning import AUTO, names
 from ..request import TEMPLATES, InvalidInput, ScoreOptions
 from ..v1 import scorer_pb2 as pb
-from .auth import ApiKeys, Unauthenticated
+from .auth import ApiKeys
 from .handler import REQUEST_ID_KEY, CallHandler, MessageTooLarge, Metadata, expired_code, timeout_seconds
 
 COHERE_MAX_TOKENS_PER_DOC = 4096
@@ -344,10 +344,7 @@ def build_app(
     keys = ApiKeys.of(api_key)
 
     def authorized(request: Request) -> bool:
-        try:
-            return keys is None or bool(keys.match(request.headers.get("authorization")))
-        except Unauthenticated:
-            return False
+        return keys is None or keys.allows(request.headers.get("authorization"))
 
     def unauthorized() -> JSONResponse:
         return _error(401, "UNAUTHENTICATED", "Authorization: Bearer <api key> required", "Authorization")

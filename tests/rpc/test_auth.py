@@ -4,12 +4,14 @@ or the environment; and the prefix-cache salt derived from the key, which isolat
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 
 import grpc
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from rpc_harness import ServerProcess, free_port, start_server
 
 from scorer.server.auth import ApiKeys, Unauthenticated, key_salt, load_keys
@@ -25,7 +27,8 @@ def keyed(scorer_cache, server_logs, tmp_path_factory) -> Iterator[tuple[ServerP
     key_file = tmp_path_factory.mktemp("keys") / "keys"
     key_file.write_text(f"# one key a tenant\n{KEYS[0]}\n\n{KEYS[1]}\n")
     http_port = free_port()
-    args = ["--api-key-file", str(key_file), "--cache-salt-from-key", "--http-port", str(http_port)]
+    args = ["--api-key-file", str(key_file), "--cache-salt-from-key", "--metrics-auth"]
+    args += ["--http-port", str(http_port)]
     proc = start_server(scorer_cache, server_logs, args)
     yield proc, http_port
     assert proc.stop() == 0, proc.log()
@@ -36,6 +39,23 @@ def bearer(key: str) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {key}"),)
 
 
+def metrics(server: ServerProcess, key: str | None = KEYS[0]) -> str:
+    """/metrics, asked with ``key`` (``--metrics-auth``)."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as reply:
+        return reply.read().decode()
+
+
+def unauthenticated(server: ServerProcess) -> float:
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(metrics(server))
+        for s in family.samples
+        if s.name == "scorer_requests_total" and s.labels.get("code") == "UNAUTHENTICATED"
+    )
+
+
 def call(prompt=PROMPT, salt: str = "") -> pb.ScoreDocsRequest:
     options = pb.ScoreOptions(template="plain", cache_salt=salt)
     return pb.ScoreDocsRequest(prompt_token_ids=prompt, docs=[pb.Doc(token_ids=[5, 6, 7])], options=options)
@@ -44,12 +64,24 @@ def call(prompt=PROMPT, salt: str = "") -> pb.ScoreDocsRequest:
 @pytest.mark.parametrize("metadata", [(), bearer("wrong"), (("authorization", KEYS[0]),)], ids=str)
 def test_grpc_without_a_valid_bearer_key_is_unauthenticated_and_counted(keyed, metadata):
     server, _ = keyed
-    before = server.metric("scorer_requests_total", code="UNAUTHENTICATED")
+    before = unauthenticated(server)
     with pytest.raises(grpc.RpcError) as caught:
         server.stub().ScoreDocs(call([1, 2, 3]), metadata=metadata, timeout=30)
     assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert "Bearer" in caught.value.details()
-    assert server.wait_metric("scorer_requests_total", before + 1, code="UNAUTHENTICATED") == before + 1
+    deadline = time.monotonic() + 10  # the count reaches /metrics from a front end's process shortly
+    while unauthenticated(server) < before + 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert unauthenticated(server) == before + 1
+
+
+def test_with_metrics_auth_metrics_wants_a_key_too(keyed):
+    server, _ = keyed
+    for key in (None, "wrong"):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            metrics(server, key)
+        assert refused.value.code == 401
+    assert "scorer_requests_total" in metrics(server, KEYS[1])
 
 
 def test_every_key_of_the_file_is_taken_on_grpc_and_http(keyed):
@@ -103,6 +135,8 @@ def test_settings_refuse_a_salt_from_no_key_an_empty_key_file_and_two_key_source
     empty.write_text("# no key\n\n")
     with pytest.raises(ValueError, match="--cache-salt-from-key needs an API key"):
         Settings(cache_salt_from_key=True)
+    with pytest.raises(ValueError, match="--metrics-auth needs an API key"):
+        Settings(metrics_auth=True)
     with pytest.raises(ValueError, match="holds no key"):
         Settings(api_key_file=str(empty))
     with pytest.raises(ValueError, match="give one"):
