@@ -9,6 +9,7 @@ alerts serve them all.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
@@ -207,16 +208,35 @@ def observe_usage(scheme: str, docs: int, tokens_computed: int, tokens_saved: in
     TOKENS_SAVED.labels(scheme=scheme).inc(tokens_saved)
 
 
-def serve_http(port: int, host: str, multiprocess_dir: str | None = None) -> WSGIServer:
+def serve_http(
+    port: int,
+    host: str,
+    multiprocess_dir: str | None = None,
+    authorized: Callable[[str | None], bool] | None = None,
+) -> WSGIServer:
     """Expose ``/metrics`` on a background thread; ``shutdown()`` the returned server to stop.
     ``multiprocess_dir``: other processes (``scorer serve --frontends``) write their metrics
-    there (prometheus-client's multiprocess mode); they are served with this process's as one set."""
+    there (prometheus-client's multiprocess mode); they are served with this process's as one set.
+    ``authorized``: whether a request's ``Authorization`` header (None: none) may read them (401
+    otherwise)."""
     registry = REGISTRY
     if multiprocess_dir is not None:
         registry = CollectorRegistry()
         registry.register(_Merged(REGISTRY, multiprocess.MultiProcessCollector(None, multiprocess_dir)))
     server, _ = start_http_server(port, addr=host, registry=registry)
+    if authorized is not None:
+        server.set_app(_guarded(server.get_app(), authorized))
     return server
+
+
+def _guarded(app, authorized: Callable[[str | None], bool]):
+    def guarded(environ, start_response):
+        if authorized(environ.get("HTTP_AUTHORIZATION")):
+            return app(environ, start_response)
+        start_response("401 Unauthorized", [("Content-Type", "text/plain"), ("WWW-Authenticate", "Bearer")])
+        return [b"Authorization: Bearer <api key> required\n"]
+
+    return guarded
 
 
 class _Merged:

@@ -26,6 +26,8 @@ from .planning import Scheme, Shape, names
 from .planning.base import MAX_ITEM_LEN, PlanError
 
 MAX_CACHE_SALT = 256  # characters
+MAX_LABELS = 64  # label_tokens or label_token_ids: each doc's answer carries a log-prob per label
+MAX_DOC_ID = 256  # UTF-8 bytes of a doc's id, which its answer echoes
 DEFAULT_LABELS = ("yes", "no")
 
 
@@ -165,8 +167,8 @@ def check_options(o: ScoreOptions) -> None:
         raise InvalidInput("options.group_size", "must not be negative")
     if o.top_n < 0:
         raise InvalidInput("options.top_n", "must not be negative")
-    if len(o.cache_salt) > MAX_CACHE_SALT:
-        raise InvalidInput("options.cache_salt", f"longer than {MAX_CACHE_SALT} characters")
+    check_labels(len(o.label_tokens), len(o.label_token_ids))
+    check_cache_salt(o.cache_salt)
     if o.doc_special_tokens and o.special_tokens and o.doc_special_tokens != o.special_tokens:
         raise InvalidInput(
             "options.doc_special_tokens",
@@ -174,6 +176,24 @@ def check_options(o: ScoreOptions) -> None:
         )
     if o.label_tokens and o.label_token_ids:
         raise InvalidInput("options.label_token_ids", "label_tokens and label_token_ids both set; give one")
+
+
+def check_labels(label_tokens: int, label_token_ids: int) -> None:
+    """At most MAX_LABELS labels: the answer's size grows with docs x labels."""
+    for name, count in (("label_tokens", label_tokens), ("label_token_ids", label_token_ids)):
+        if count > MAX_LABELS:
+            raise InvalidInput(f"options.{name}", f"{count} labels exceed the limit of {MAX_LABELS}")
+
+
+def check_cache_salt(salt: str) -> None:
+    if len(salt) > MAX_CACHE_SALT:
+        raise InvalidInput("options.cache_salt", f"longer than {MAX_CACHE_SALT} characters")
+
+
+def check_doc_id(i: int, doc_id: str) -> None:
+    """A doc's id is echoed in its answer: at most MAX_DOC_ID bytes."""
+    if (size := _utf8_len(doc_id)) > MAX_DOC_ID:
+        raise InvalidInput(f"docs[{i}].id", f"{size} bytes exceed the limit of {MAX_DOC_ID}")
 
 
 class Cancelled(Exception):
@@ -277,9 +297,10 @@ def tokenize(
 
 def check_sizes(req: ScoreRequest, limits: Limits) -> None:
     """Text sizes in UTF-8 bytes, before any work: a doc over ``max_doc_bytes``, a call over
-    ``max_request_bytes``."""
+    ``max_request_bytes``; and each doc's id (``check_doc_id``)."""
     total = _utf8_len(req.prompt) + _utf8_len(req.instruction)
     for i, doc in enumerate(req.docs):
+        check_doc_id(i, doc.id)
         size = _utf8_len(doc.text)
         if size > limits.max_doc_bytes:
             raise InvalidInput(f"docs[{i}].text", f"{size} bytes exceed the limit of {limits.max_doc_bytes}")

@@ -13,6 +13,7 @@ score`` come from ``ScoreOptions`` the same way (``add_request_arguments``).
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import types
 import typing
@@ -123,6 +124,14 @@ def _file(v):
     return None if Path(v).is_file() else "is not a file"
 
 
+def _key_file(v):
+    if not Path(v).is_file():
+        return "is not a file"
+    keys = [line.strip() for line in Path(v).read_text(errors="replace").splitlines()]
+    return None if any(k and not k.startswith("#") for k in keys) else "holds no key"
+
+
+API_KEY_ENV = "SCORER_API_KEY"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
@@ -294,7 +303,36 @@ class Settings:
         scopes=(RAY,),
     )
     api_key: str | None = setting(
-        None, "HTTP: require Authorization: Bearer KEY (default: no key asked)", metavar="KEY"
+        None,
+        "require Authorization: Bearer KEY (scorer serve: HTTP and gRPC; Ray: HTTP; default: no key"
+        f" asked). Discouraged: the command line shows in ps; give --api-key-file or ${API_KEY_ENV} instead",
+        metavar="KEY",
+    )
+    api_key_file: str | None = setting(
+        None,
+        f"--api-key read from this file: one key a line, several for several tenants (before ${API_KEY_ENV},"
+        " then --api-key)",
+        scopes=(SERVE,),
+        metavar="FILE",
+        check=_key_file,
+    )
+    cache_salt_from_key: bool = setting(
+        False,
+        "each call's prefix-cache salt derived from the API key it authenticated with (and its own salt):"
+        " callers of different keys never share cached prompt K/V, nor see each other's prompts in"
+        " usage.cached_prompt_tokens or latency (needs a key; docs/security.md)",
+        scopes=(SERVE,),
+    )
+    metrics_auth: bool = setting(
+        False,
+        "/metrics on --metrics-port wants the API key too (Authorization: Bearer KEY; needs a key)",
+        scopes=(SERVE,),
+    )
+    require_cache_salt: bool = setting(
+        False,
+        "refuse a call without a cache salt (options.cache_salt, HTTP's X-Cache-Salt) with"
+        " INVALID_ARGUMENT: no caller shares the prefix cache by omission",
+        scopes=(SERVE,),
     )
     max_message_bytes: int = setting(64 * 2**20, "largest request or response message", scopes=(SERVE,))
     drain_seconds: float = setting(
@@ -347,6 +385,14 @@ class Settings:
         starts: ``--max-queue (max_queue): 0 is less than 1``."""
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("tls_cert and tls_key go together: give --tls-cert and --tls-key, or neither")
+        if self.api_key and self.api_key_file:
+            raise ValueError("--api-key and --api-key-file: give one")
+        keyed = self.api_key or self.api_key_file or os.environ.get(API_KEY_ENV)
+        for name in ("cache_salt_from_key", "metrics_auth"):
+            if getattr(self, name) and not keyed:
+                raise ValueError(
+                    f"{flag(name)} needs an API key: --api-key-file, ${API_KEY_ENV} or --api-key"
+                )
         for f in fields(self):
             value, choices, check = getattr(self, f.name), f.metadata["choices"], f.metadata["check"]
             if value is None or value == "":

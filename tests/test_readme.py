@@ -13,6 +13,7 @@ import pytest
 
 from scorer import cli, ray_local
 from scorer.request import InvalidInput
+from scorer.server.auth import Unauthenticated
 from scorer.server.batcher import Closed, Dropped, OutOfMemory, QueueFull
 from scorer.server.handler import MessageTooLarge, NotReady, status_for
 
@@ -71,6 +72,7 @@ def test_the_status_code_table_lists_every_code_the_server_answers():
         NotReady(),
         Closed(),
         RuntimeError("a bug"),
+        Unauthenticated(),
     )
     answered = {status_for(e)[0].name for e in raised}
     answered |= {

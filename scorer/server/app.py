@@ -69,7 +69,7 @@ async def serve(args: Settings) -> int:
     frontends = frontend_count(args.frontends, args.device)
     if frontends:
         return await serve_split(args, signals, frontends)
-    handler = CallHandler(max_message_bytes=args.max_message_bytes)
+    handler = CallHandler.from_settings(args)
     inflight = handler.inflight
     health = health_aio.HealthServicer()
     await set_health(health, NOT_SERVING)

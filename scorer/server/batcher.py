@@ -41,7 +41,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -133,7 +133,7 @@ class _Queued:
     deadline: float | None
     request_id: str
     future: asyncio.Future[Scored]
-    enqueued: float = field(default_factory=time.monotonic)
+    enqueued: float
     queued: bool = True
 
     def expired(self, now: float) -> bool:
@@ -211,9 +211,15 @@ class _Flight:
 
 
 class Batcher:
-    def __init__(self, score: ScoreFn, policy: BatchPolicy) -> None:
+    """``clock``: seconds on the clock of the calls' deadlines (``time.monotonic``); a test drives
+    its own, so that what the batcher measures and decides does not hang on the machine's load."""
+
+    def __init__(
+        self, score: ScoreFn, policy: BatchPolicy, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._score = score
         self.policy = policy
+        self._clock = clock
         self._pending: deque[_Queued] = deque()
         self._arrived = asyncio.Event()
         self._closing = False
@@ -246,13 +252,13 @@ class Batcher:
 
     async def submit(self, job: Job, deadline: float | None, request_id: str) -> Scored:
         """Queue a call and wait for its scores (``job.tokens`` count against the token budget).
-        ``deadline`` is on ``time.monotonic``'s clock."""
+        ``deadline`` is on the batcher's clock (``time.monotonic``'s)."""
         if self._closing:
             raise Closed("the server is shutting down")
         if len(self._pending) >= self.policy.max_queue:
             metrics.REJECTED.inc()
             raise QueueFull(f"{len(self._pending)} calls queued already; retry later")
-        queued = _Queued(job, deadline, request_id, asyncio.get_running_loop().create_future())
+        queued = _Queued(job, deadline, request_id, asyncio.get_running_loop().create_future(), self._clock())
         if queued.expired(queued.enqueued):
             self._count_drop(queued, "deadline")
             raise Dropped("deadline")
@@ -273,7 +279,7 @@ class Batcher:
             self._pending.remove(job)
             job.queued = False
             metrics.QUEUE_DEPTH.set(len(self._pending))
-            expired = job.expired(time.monotonic() + DEADLINE_SLACK_S)
+            expired = job.expired(self._clock() + DEADLINE_SLACK_S)
             self._count_drop(job, "deadline" if expired else "cancelled")
 
     def _count_drop(self, job: _Queued, reason: str) -> None:
@@ -322,7 +328,7 @@ class Batcher:
         while self._pending and not self._closing:
             if sum(j.tokens for j in self._pending) >= self.policy.max_batch_tokens:
                 return
-            left = self._pending[0].enqueued + self.policy.max_wait_s - time.monotonic()
+            left = self._pending[0].enqueued + self.policy.max_wait_s - self._clock()
             if left <= 0:
                 return
             self._arrived.clear()
@@ -342,14 +348,14 @@ class Batcher:
         before two)."""
         if len(self._arrivals) < 2:
             return math.inf
-        return (time.monotonic() - self._arrivals[0]) / (len(self._arrivals) - 1)
+        return (self._clock() - self._arrivals[0]) / (len(self._arrivals) - 1)
 
     def _take(self) -> list[_Queued]:
         """The oldest calls that fit the token budget (at least one) and can still meet their
         deadlines by the forward-time estimate; calls that cannot are dropped, and a call whose
         check raises fails alone."""
         batch: list[_Queued] = []
-        tokens, now = 0, time.monotonic()
+        tokens, now = 0, self._clock()
         first_deadline = float("inf")
         while self._pending:
             job = self._pending[0]
@@ -429,7 +435,7 @@ class Batcher:
             return
         metrics.BATCH_REQUESTS.observe(len(batch))
         metrics.BATCH_TOKENS.observe(sum(j.tokens for j in batch))
-        started = time.monotonic()
+        started = self._clock()
         flight = _Flight(sum(j.tokens for j in batch), started)
         predicted = self._forward_time.predict(flight.tokens)
         inline = not self._in_flight and self._alone(predicted)  # nothing to overlap it with
@@ -448,7 +454,7 @@ class Batcher:
                 self._landed(flight)
                 self._slots.release()
             return
-        if inline and not self._pending and predicted - (time.monotonic() - started) <= INLINE_WAIT_S:
+        if inline and not self._pending and predicted - (self._clock() - started) <= INLINE_WAIT_S:
             metrics.INLINE_BATCHES.inc()
             await self._collect(batch, collect, flight, inline=True)
             return
@@ -490,7 +496,7 @@ class Batcher:
 
     def _landed(self, flight: _Flight) -> float:
         """The batch ended: it leaves the flights. Returns the seconds it held the device."""
-        now = time.monotonic()
+        now = self._clock()
         held = now - max(flight.started, self._device_free)
         self._in_flight.remove(flight)
         self._device_free = now
@@ -512,7 +518,7 @@ class Batcher:
         for job in batch:
             if job.future.done():
                 continue
-            started = time.monotonic()
+            started = self._clock()
             try:
                 results = await loop.run_in_executor(self._executor, lambda j=job: self._score([j.job])())
             except Exception as alone:
@@ -527,7 +533,7 @@ class Batcher:
         self, batch: list[_Queued], results: list[ScoreResult], started: float, held: float | None = None
     ) -> None:
         """Settle the batch's calls; ``held``: the seconds it held the device (default: since ``started``)."""
-        forward_s = time.monotonic() - started
+        forward_s = self._clock() - started
         self._forward_time.observe(sum(j.tokens for j in batch), forward_s if held is None else held)
         for job, result in zip(batch, results, strict=True):
             metrics.STAGE_DURATION.labels(stage="forward").observe(forward_s)

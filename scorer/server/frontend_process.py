@@ -64,7 +64,7 @@ def frontend_main(settings: Settings, address: str, index: int, parent: int, plu
 async def _frontend(args: Settings, address: str, index: int, parent: int) -> None:
     link = FrontLink(frontend_identity(index))
     await link.connect(address)
-    handler = CallHandler(max_message_bytes=args.max_message_bytes)
+    handler = CallHandler.from_settings(args)
     health = health_aio.HealthServicer()
     await set_health(health, NOT_SERVING)  # grpc's servicer starts SERVING; the engine says when
     serving = asyncio.Event()

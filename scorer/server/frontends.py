@@ -167,6 +167,9 @@ def reserve_port(host: str, port: int) -> socket.socket:
         port = probe.getsockname()[1]
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    # and SO_REUSEADDR: past the TIME_WAIT connections of a server that just served on the port
+    # without SO_REUSEPORT (one process), which SO_REUSEPORT alone does not bind beside
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
     except OSError:

@@ -29,11 +29,13 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from .. import metrics
-from ..request import InvalidInput
+from ..request import InvalidInput, check_cache_salt
 from ..v1 import scorer_pb2 as pb
+from . import wire
+from .auth import AUTHORIZATION, ApiKeys, Unauthenticated, key_salt, load_keys
 from .batcher import DEADLINE_SLACK_S, Closed, Dropped, OutOfMemory, QueueFull
 from .calls import Inflight, close_call, open_call
-from .convert import request_from_proto, response_to_proto
+from .convert import Counts, answer_bytes, check_counts, request_from_proto, response_to_proto
 from .scoring import ScoringService
 
 log = logging.getLogger(__name__)
@@ -43,6 +45,10 @@ INVALID_FIELD_KEY = "x-invalid-field"
 TIMEOUT_KEY = "x-timeout-ms"
 SCORE_METHOD = "/scorer.v1.Scorer/ScoreDocs"
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+SCAN_ABOVE = 1 << 20
+"""A message over this many bytes is held to the limits by its wire form before it is parsed
+(``wire.counts``, on a thread): protobuf's parser holds the interpreter lock, and so the event
+loop, ~4 ms a MiB on a 2-core VM."""
 Metadata = tuple[tuple[str, str], ...]
 
 
@@ -51,7 +57,7 @@ class NotReady(Exception):
 
 
 class MessageTooLarge(Exception):
-    """A request over ``--max-message-bytes``."""
+    """A request, or the answer it asks for, over ``--max-message-bytes``."""
 
 
 class DeadlinePassed(Exception):
@@ -102,6 +108,8 @@ def status_for(exc: Exception) -> tuple[grpc.StatusCode, str, Metadata]:
         return grpc.StatusCode.DEADLINE_EXCEEDED, str(exc), ()
     if isinstance(exc, NotReady | Closed):
         return grpc.StatusCode.UNAVAILABLE, str(exc), ()
+    if isinstance(exc, Unauthenticated):
+        return grpc.StatusCode.UNAUTHENTICATED, str(exc), ()
     return grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__}); see the server log", ()
 
 
@@ -119,6 +127,10 @@ class Front(Protocol):
         bad ``x-timeout-ms`` raises InvalidInput)."""
 
     def set_trailers(self, trailers: Metadata) -> None: ...
+
+    def authorization(self) -> str | None:
+        """The call's ``Authorization`` value (``Bearer KEY``), None when it sent none; asked only
+        where the server has API keys."""
 
     def cancelled_code(self) -> grpc.StatusCode:
         """The code of a call cancelled under the handler: its deadline passed, or the client left."""
@@ -147,6 +159,9 @@ class GrpcFront:
     def set_trailers(self, trailers: Metadata) -> None:
         self.context.set_trailing_metadata(trailers)
 
+    def authorization(self) -> str | None:
+        return next((v for k, v in self.context.invocation_metadata() or () if k == AUTHORIZATION), None)
+
     def cancelled_code(self) -> grpc.StatusCode:
         """By the deadline read when the call arrived (once gRPC has cancelled a call whose
         deadline passed, the context no longer tells)."""
@@ -160,12 +175,35 @@ class GrpcFront:
 class CallHandler:
     """``service`` is None until the model is loaded (calls get UNAVAILABLE); ``max_message_bytes``
     bounds a request that arrives as bytes (gRPC's own limit is set above it, so that an oversize
-    call is answered and counted here)."""
+    call is answered and counted here) and the answer. ``keys``: a call must carry one (else
+    UNAUTHENTICATED, before its message is read); ``cache_salt_from_key``: its prefix-cache salt
+    is derived from the key (``auth.key_salt``); ``require_cache_salt``: a call without a salt is
+    refused."""
 
-    def __init__(self, inflight: Inflight | None = None, max_message_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        inflight: Inflight | None = None,
+        max_message_bytes: int | None = None,
+        keys: ApiKeys | None = None,
+        cache_salt_from_key: bool = False,
+        require_cache_salt: bool = False,
+    ) -> None:
         self.inflight = inflight or Inflight()
         self.max_message_bytes = max_message_bytes
+        self.keys = keys
+        self.cache_salt_from_key = cache_salt_from_key and keys is not None
+        self.require_cache_salt = require_cache_salt
         self.service: ScoringService | None = None
+
+    @classmethod
+    def from_settings(cls, settings) -> CallHandler:
+        """The handler of ``scorer serve`` (one process, or each front end)."""
+        return cls(
+            max_message_bytes=settings.max_message_bytes,
+            keys=load_keys(settings.api_key, settings.api_key_file),
+            cache_salt_from_key=settings.cache_salt_from_key,
+            require_cache_salt=settings.require_cache_salt,
+        )
 
     async def score_docs(
         self, request: bytes | pb.ScoreDocsRequest | Callable[[], pb.ScoreDocsRequest], front: Front
@@ -179,12 +217,14 @@ class CallHandler:
         self.inflight.enter()
         try:
             front.set_trailers(trailers)
+            key = self.keys.match(front.authorization()) if self.keys is not None else ""
             if front.request_id:
                 trailers = _adopt_request_id(front.request_id, call, front)
             deadline = front.deadline(call.started)
-            request = self._parse(request)
+            request = await self._parse(request)
             if request.request_id:
                 trailers = _adopt_request_id(request.request_id, call, front)
+            self._salt(request, key)
             return await self._score_by(deadline, request, call)
         except asyncio.CancelledError:
             code = front.cancelled_code()
@@ -208,7 +248,7 @@ class CallHandler:
             )
             close_call(token)
 
-    def _parse(self, request) -> pb.ScoreDocsRequest:
+    async def _parse(self, request) -> pb.ScoreDocsRequest:
         if callable(request):
             return request()
         if not isinstance(request, bytes):
@@ -216,10 +256,24 @@ class CallHandler:
         if self.max_message_bytes is not None and len(request) > self.max_message_bytes:
             limit = self.max_message_bytes
             raise MessageTooLarge(f"request of {len(request)} bytes over --max-message-bytes {limit}")
+        if len(request) > SCAN_ABOVE and self.service is not None:
+            # on a thread: numpy counts the ids without the interpreter lock, the loop answers meanwhile
+            counts = await asyncio.to_thread(wire.counts, request, self.service.engine.limits.max_docs)
+            if counts is not None:
+                self._check(counts, self.service)
         try:
             return pb.ScoreDocsRequest.FromString(request)
         except DecodeError as e:
             raise InvalidInput("request", f"not a ScoreDocsRequest message ({e})") from None
+
+    def _salt(self, request: pb.ScoreDocsRequest, key: str) -> None:
+        """The prefix-cache salt the server's options make of the call's own."""
+        salt = request.options.cache_salt
+        if self.require_cache_salt and not salt:
+            raise InvalidInput("options.cache_salt", "required by this server (--require-cache-salt)")
+        if self.cache_salt_from_key:
+            check_cache_salt(salt)  # before it is hashed away
+            request.options.cache_salt = key_salt(key, salt)
 
     async def _score_by(
         self, deadline: float | None, request: pb.ScoreDocsRequest, call
@@ -240,10 +294,11 @@ class CallHandler:
         service = self.service
         if service is None:
             raise NotReady("the model is loading")
+        self._check(Counts.of(request), service)
         job, tokenize_seconds = await service.tokenize(request_from_proto(request, call.request_id))
         call.scheme = job.scheme.name
         scored = await service.score(job, deadline, call.request_id)
-        return response_to_proto(
+        response = response_to_proto(
             job,
             call.request_id,
             service.engine.model_name,
@@ -251,6 +306,22 @@ class CallHandler:
             tokenize_seconds,
             time.monotonic() - call.started,
         )
+        # gRPC would refuse to send it (the client gets RESOURCE_EXHAUSTED): answered and counted so here
+        self._check_answer(response.ByteSize(), "takes")
+        return response
+
+    def _check(self, counts: Counts, service: ScoringService) -> None:
+        """The limits, before the message is copied; the answer's size, before any compute."""
+        check_counts(counts, service.engine.limits)
+        self._check_answer(answer_bytes(counts), "would take up to")
+
+    def _check_answer(self, size: int, verb: str) -> None:
+        limit = self.max_message_bytes
+        if limit is not None and size > limit:
+            raise MessageTooLarge(
+                f"the answer {verb} {size} bytes, over --max-message-bytes {limit}: ask for fewer docs"
+                " (top_n), labels or label log-probs, or shorter doc ids"
+            )
 
 
 def _adopt_request_id(request_id: str, call, front: Front) -> Metadata:

@@ -31,7 +31,6 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-import hmac
 import importlib.metadata
 import math
 import re
@@ -50,6 +49,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 from ..planning import AUTO, names
 from ..request import TEMPLATES, InvalidInput, ScoreOptions
 from ..v1 import scorer_pb2 as pb
+from .auth import ApiKeys
 from .handler import REQUEST_ID_KEY, CallHandler, MessageTooLarge, Metadata, expired_code, timeout_seconds
 
 COHERE_MAX_TOKENS_PER_DOC = 4096
@@ -260,6 +260,10 @@ class HttpFront:
                 self._bad_timeout = header
         self.prefix_cache = headers.get("x-prefix-cache", "")
         self.cache_salt = headers.get("x-cache-salt", "")
+        self._authorization = headers.get("authorization")
+
+    def authorization(self) -> str | None:
+        return self._authorization
 
     def check_headers(self) -> None:
         if self._bad_timeout is not None:
@@ -324,7 +328,7 @@ def _error(
 def build_app(
     handler: CallHandler,
     serving: Callable[[], bool],
-    api_key: str | None = None,
+    api_key: ApiKeys | str | None = None,
     default_timeout_s: float | None = None,
     echo_request_id: bool = True,
 ) -> FastAPI:
@@ -337,11 +341,10 @@ def build_app(
     def id_header(request_id: str) -> dict | None:
         return {"x-request-id": request_id} if echo_request_id and request_id else None
 
+    keys = ApiKeys.of(api_key)
+
     def authorized(request: Request) -> bool:
-        if api_key is None:
-            return True
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
+        return keys is None or keys.allows(request.headers.get("authorization"))
 
     def unauthorized() -> JSONResponse:
         return _error(401, "UNAUTHENTICATED", "Authorization: Bearer <api key> required", "Authorization")
@@ -450,7 +453,7 @@ async def start_http(
     serving: Callable[[], bool],
     host: str,
     port: int,
-    api_key: str | None = None,
+    api_key: ApiKeys | str | None = None,
     default_timeout_s: float | None = None,
     reuse_port: bool = False,
 ) -> HttpServer:

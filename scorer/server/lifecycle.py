@@ -26,6 +26,7 @@ from .. import metrics
 from ..engine import Engine
 from ..settings import Settings
 from ..v1 import scorer_pb2
+from .auth import load_keys, metrics_guard
 from .batcher import BatchPolicy
 from .calls import Inflight, RequestIdFilter
 from .debug import DebugKnobs
@@ -115,7 +116,7 @@ async def listen_http(
 
     try:
         http = await start_http(
-            handler, serving, args.host, args.http_port, args.api_key, reuse_port=reuse_port
+            handler, serving, args.host, args.http_port, handler.keys, reuse_port=reuse_port
         )
     except OSError as e:
         raise CannotListen(f"HTTP port {args.host}:{args.http_port}: {e.strerror}") from None
@@ -129,7 +130,7 @@ def log_http(args: Settings, port: int) -> None:
         "HTTP rerank on http://%s:%d (Cohere /v2/rerank, Jina /v1/rerank, TEI /rerank)%s",
         args.host,
         port,
-        "; API key required" if args.api_key else "",
+        "; API key required" if load_keys(args.api_key, args.api_key_file) else "",
     )
 
 
@@ -138,7 +139,7 @@ def serve_metrics(args: Settings, multiprocess_dir: str | None = None):
     if not args.metrics_port:
         return None
     try:
-        return metrics.serve_http(args.metrics_port, args.host, multiprocess_dir)
+        return metrics.serve_http(args.metrics_port, args.host, multiprocess_dir, metrics_guard(args))
     except OSError as e:
         raise CannotListen(f"metrics port {args.host}:{args.metrics_port}: {e.strerror}") from None
 

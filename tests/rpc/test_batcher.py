@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Sequence
 
@@ -35,16 +36,52 @@ def tokens_of(t: Job) -> int:
     return len(t.prefix_ids) + sum(len(i) for i in t.items)
 
 
-class FakeForward:
-    """Records every batch; raises torch.OutOfMemoryError for a batch over ``oom_above`` tokens."""
+class Clock:
+    """The batcher's clock, driven by the test: the fake device advances it by the time its work
+    would take, and the test by the gaps between arrivals, so what the batcher measures (batch
+    times, arrival gaps) is exact however loaded the machine is."""
 
-    def __init__(self, oom_above: int = 0, delay_s: float = 0.0) -> None:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+async def until(condition, timeout_s: float = 10.0) -> None:
+    """Until ``condition()`` holds: a state the test waits for, never a time it guesses (the bound
+    is only there to fail a test that would hang)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        await asyncio.sleep(0.001)
+
+
+class FakeForward:
+    """Records every batch; raises torch.OutOfMemoryError for a batch over ``oom_above`` tokens.
+    Each launch takes ``delay_s``: slept, or advanced on ``clock`` (``Clock``) when given; and
+    waits first while the test holds ``gate`` closed, so a batch stays in flight (its launch
+    unfinished) for exactly as long as the test wants. ``started``: every launch, on arrival."""
+
+    def __init__(self, oom_above: int = 0, delay_s: float = 0.0, clock: Clock | None = None) -> None:
         self.batches: list[list[str]] = []
+        self.started: list[str] = []
         self.oom_above = oom_above
         self.delay_s = delay_s
+        self.clock = clock
+        self.gate = threading.Event()
+        self.gate.set()
 
     def __call__(self, batch: Sequence[Job]):
-        time.sleep(self.delay_s)
+        self.started.append(batch[0].request.prompt)
+        self.gate.wait()
+        if self.clock is not None:
+            self.clock.advance(self.delay_s)
+        else:
+            time.sleep(self.delay_s)
         if self.oom_above and sum(tokens_of(t) for t in batch) > self.oom_above:
             raise torch.OutOfMemoryError("fake")
         self.batches.append([t.request.prompt for t in batch])
@@ -89,16 +126,20 @@ def test_a_call_over_the_budget_runs_alone_and_a_lone_call_on_an_idle_engine_run
 
 
 def test_while_a_batch_is_in_flight_a_lone_call_waits_at_most_max_wait_for_company():
-    forward = FakeForward(delay_s=0.3)
+    forward = FakeForward()
 
     async def scenario():
         batcher = Batcher(forward, BatchPolicy(max_batch_tokens=1000, max_wait_s=0.05))
         batcher.start()
+        forward.gate.clear()
         first = asyncio.ensure_future(batcher.submit(call(10, "first"), None, "first"))
-        await asyncio.sleep(0.01)  # "first" is in flight
+        await until(lambda: forward.started == ["first"])  # in flight
         a = asyncio.ensure_future(batcher.submit(call(10, "a"), None, "a"))
-        await asyncio.sleep(0.02)
-        b = await batcher.submit(call(10, "b"), None, "b")
+        await asyncio.sleep(0)
+        b = asyncio.ensure_future(batcher.submit(call(10, "b"), None, "b"))
+        await asyncio.sleep(0)
+        forward.gate.set()
+        b = await b
         await first
         assert (await a).batch_requests == b.batch_requests == 2  # they waited and went together
         await batcher.close()
@@ -108,29 +149,34 @@ def test_while_a_batch_is_in_flight_a_lone_call_waits_at_most_max_wait_for_compa
 
 
 class SlowDevice(FakeForward):
-    """Launches at once; its results take ``device_s`` to collect (a batch in flight on the device)."""
+    """Launches at once; its results are collected once the test opens ``on_device`` (a batch in
+    flight on the device until then)."""
 
-    def __init__(self, device_s: float) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.device_s = device_s
+        self.on_device = threading.Event()
 
     def __call__(self, batch: Sequence[Job]):
         collect = super().__call__(batch)
-        return lambda: time.sleep(self.device_s) or collect()
+        return lambda: self.on_device.wait() and collect()
 
 
 def test_a_call_after_a_long_gap_does_not_wait_for_company_behind_a_batch_in_flight():
-    """Calls arriving seldom (one 0.45 s after the last, max_wait 0.2 s: under COMPANY expected in
-    the wait) are launched at once even with a batch in flight (quick ones wait: the test above)."""
-    forward = SlowDevice(device_s=1.0)
+    """Calls arriving seldom (one 100 s after the last, max_wait 30 s: under COMPANY expected in
+    the wait, on the batcher's clock) are launched at once even with a batch in flight (quick ones
+    wait: the test above); a wait would hold the call 30 s of the machine's time."""
+    forward, clock = SlowDevice(), Clock()
 
     async def scenario():
-        batcher = Batcher(forward, BatchPolicy(max_batch_tokens=1000, max_wait_s=0.2))
+        batcher = Batcher(forward, BatchPolicy(max_batch_tokens=1000, max_wait_s=30), clock)
         batcher.start()
         first = asyncio.ensure_future(batcher.submit(call(10, "first"), None, "first"))
-        await asyncio.sleep(0.45)  # "first" is on the device until 1.0
-        lone = await batcher.submit(call(10, "lone"), None, "lone")
-        assert lone.queue_seconds < 0.1  # launched at once, not after max_wait
+        await until(lambda: forward.batches == [["first"]])  # on the device until on_device opens
+        clock.advance(100)
+        lone = asyncio.ensure_future(batcher.submit(call(10, "lone"), None, "lone"))
+        await until(lambda: forward.batches == [["first"], ["lone"]])  # launched at once
+        forward.on_device.set()
+        assert (await lone).queue_seconds == 0
         assert (await first).batch_requests == 1
         await batcher.close()
 
@@ -138,34 +184,38 @@ def test_a_call_after_a_long_gap_does_not_wait_for_company_behind_a_batch_in_fli
     assert forward.batches == [["first"], ["lone"]]
 
 
-async def behind_a_blocker(forward, late_s: float):
-    """A started batcher with a batch in flight ("blocker") and two calls queued behind it: "late",
-    whose deadline is ``late_s`` away, and "gone", without one."""
-    batcher = Batcher(forward, BatchPolicy(max_wait_s=0))
+async def behind_a_blocker(forward: FakeForward, clock: Clock, late_s: float):
+    """A started batcher on ``clock`` with a batch in flight ("blocker", held at ``forward``'s
+    closed gate) and two calls queued behind it: "late", whose deadline is ``late_s`` away, and
+    "gone", without one."""
+    batcher = Batcher(forward, BatchPolicy(max_wait_s=0), clock)
     batcher.start()
+    forward.gate.clear()
     blocker = asyncio.ensure_future(batcher.submit(call(10, "blocker"), None, "blocker"))
-    await asyncio.sleep(0.05)
-    late = asyncio.ensure_future(batcher.submit(call(10, "late"), time.monotonic() + late_s, "late"))
+    await until(lambda: forward.started == ["blocker"])
+    late = asyncio.ensure_future(batcher.submit(call(10, "late"), clock() + late_s, "late"))
     gone = asyncio.ensure_future(batcher.submit(call(10, "gone"), None, "gone"))
+    await asyncio.sleep(0)
     return batcher, blocker, late, gone
 
 
 def test_calls_whose_deadline_passed_or_that_were_cancelled_in_the_queue_are_never_scored():
-    forward = FakeForward(delay_s=0.2)
+    forward, clock = FakeForward(), Clock()
 
     async def scenario():
-        batcher, blocker, late, gone = await behind_a_blocker(forward, late_s=0.05)
-        await asyncio.sleep(0.01)
+        batcher, blocker, late, gone = await behind_a_blocker(forward, clock, late_s=0.05)
         assert batcher.depth == 2
         gone.cancel()
         await asyncio.sleep(0)
         assert batcher.depth == 1
+        clock.advance(0.06)  # late's deadline passes
+        forward.gate.set()
         await blocker
         with pytest.raises(Dropped) as dropped:
             await late
         assert dropped.value.reason == "deadline"
         with pytest.raises(Dropped):
-            await batcher.submit(call(10, "expired"), time.monotonic() - 1, "expired")
+            await batcher.submit(call(10, "expired"), clock() - 1, "expired")
         await batcher.close()
 
     run(scenario)
@@ -183,11 +233,11 @@ def test_a_call_cancelled_just_before_the_batch_is_cut_is_dropped_once_and_the_l
     def dropped(reason: str) -> float:
         return metrics.DROPPED.labels(reason=reason)._value.get()
 
-    forward = FakeForward(delay_s=0.2)
+    forward, clock = FakeForward(), Clock()
 
     async def scenario():
-        batcher, blocker, late, gone = await behind_a_blocker(forward, late_s=0.02)
-        await asyncio.sleep(0.03)  # late's deadline has passed; both still queued
+        batcher, blocker, late, gone = await behind_a_blocker(forward, clock, late_s=0.02)
+        clock.advance(0.03)  # late's deadline has passed; both still queued
         before = dropped("deadline") + dropped("cancelled")
         late.cancel()
         gone.cancel()
@@ -195,6 +245,7 @@ def test_a_call_cancelled_just_before_the_batch_is_cut_is_dropped_once_and_the_l
         await asyncio.sleep(0)
         assert batcher.depth == 0
         assert dropped("deadline") + dropped("cancelled") == before + 2
+        forward.gate.set()
         await blocker
         after = await batcher.submit(call(10, "after"), None, "after")
         assert after.batch_requests == 1
@@ -205,7 +256,7 @@ def test_a_call_cancelled_just_before_the_batch_is_cut_is_dropped_once_and_the_l
 
 
 def test_a_fault_while_checking_a_queued_call_fails_that_call_alone():
-    forward = FakeForward(delay_s=0.1)
+    forward = FakeForward()
 
     async def scenario():
         batcher = Batcher(forward, BatchPolicy(max_wait_s=0))
@@ -218,12 +269,15 @@ def test_a_fault_while_checking_a_queued_call_fails_that_call_alone():
 
         batcher._late = faulty
         batcher.start()
+        forward.gate.clear()
         blocker = asyncio.ensure_future(batcher.submit(call(10, "blocker"), None, "blocker"))
-        await asyncio.sleep(0.03)
+        await until(lambda: forward.started == ["blocker"])
         first, poison, after = (
             asyncio.ensure_future(batcher.submit(call(10, name), None, name))
             for name in ("first", "poison", "after")
         )
+        await asyncio.sleep(0)
+        forward.gate.set()
         with pytest.raises(RuntimeError, match="policy fault"):
             await poison
         assert (await first).batch_requests == (await after).batch_requests == 2
@@ -235,7 +289,7 @@ def test_a_fault_while_checking_a_queued_call_fails_that_call_alone():
 
 
 def test_a_fault_while_a_batch_is_cut_fails_the_call_at_the_head_and_the_loop_lives_on():
-    forward = FakeForward(delay_s=0.1)
+    forward = SlowDevice()  # "blocker" stays in flight until on_device opens
 
     async def scenario():
         batcher = Batcher(forward, BatchPolicy(max_wait_s=0.01))
@@ -249,11 +303,14 @@ def test_a_fault_while_a_batch_is_cut_fails_the_call_at_the_head_and_the_loop_li
         batcher._company_expected = company_expected
         batcher.start()
         blocker = asyncio.ensure_future(batcher.submit(call(10, "blocker"), None, "blocker"))
-        await asyncio.sleep(0.03)
+        await until(lambda: forward.batches == [["blocker"]])
         victim = asyncio.ensure_future(batcher.submit(call(10, "victim"), None, "victim"))
         with pytest.raises(RuntimeError, match="policy fault"):
             await victim
-        assert (await batcher.submit(call(10, "after"), None, "after")).batch_requests == 1
+        after = asyncio.ensure_future(batcher.submit(call(10, "after"), None, "after"))
+        await until(lambda: forward.batches == [["blocker"], ["after"]])
+        forward.on_device.set()
+        assert (await after).batch_requests == 1
         await blocker
         assert batcher.depth == 0
         await batcher.close()
@@ -280,17 +337,19 @@ def test_out_of_memory_in_a_merged_batch_retries_each_call_alone():
 
 
 def test_a_full_queue_refuses_at_once_and_close_finishes_what_is_queued():
-    forward = FakeForward(delay_s=0.1)
+    forward = FakeForward()
 
     async def scenario():
         batcher = Batcher(forward, BatchPolicy(max_wait_s=0, max_queue=2))
         batcher.start()
+        forward.gate.clear()
         blocker = asyncio.ensure_future(batcher.submit(call(10, "blocker"), None, "blocker"))
-        await asyncio.sleep(0.02)
+        await until(lambda: forward.started == ["blocker"])
         queued = [asyncio.ensure_future(batcher.submit(call(10, f"q{i}"), None, f"q{i}")) for i in range(2)]
         await asyncio.sleep(0)
         with pytest.raises(QueueFull):
             await batcher.submit(call(10, "refused"), None, "refused")
+        forward.gate.set()
         await batcher.close()
         assert all(f.done() and not f.exception() for f in [blocker, *queued])
         with pytest.raises(Closed):
@@ -304,13 +363,17 @@ def test_the_next_batch_is_launched_while_the_last_one_is_collected():
     """Two batches in flight at most: batch 1 launches before batch 0's results are in, batch 2
     only once they are."""
     events: list[tuple[str, str]] = []
+    launched_c1 = threading.Event()
 
     def launch(batch: Sequence[Job]):
         name = batch[0].request.prompt
         events.append(("launch", name))
+        if name == "c1":
+            launched_c1.set()
 
         def collect():
-            time.sleep(0.2)
+            if name == "c0":  # on the device until the next batch is launched
+                launched_c1.wait()
             events.append(("collected", name))
             return [ScoreResult((), "ragged", Usage(0, 0, tokens_of(t), 0)) for t in batch]
 
@@ -328,9 +391,9 @@ def test_the_next_batch_is_launched_while_the_last_one_is_collected():
     assert len(events) == 6
 
 
-async def warmed(forward, policy: BatchPolicy, calls: int = 2) -> Batcher:
+async def warmed(forward, policy: BatchPolicy, calls: int = 2, clock=time.monotonic) -> Batcher:
     """A started batcher whose forward-time model has seen ``calls`` batches of one 10-token call."""
-    batcher = Batcher(forward, policy)
+    batcher = Batcher(forward, policy, clock)
     batcher.start()
     for i in range(calls):
         await batcher.submit(call(10, f"warm{i}"), None, f"warm{i}")
@@ -342,32 +405,35 @@ def test_under_light_load_a_short_batch_runs_on_the_event_loop_and_others_on_the
     calls arrive far apart is launched on the loop's own thread (no hand-off: each costs an idle
     server a wake-up), and waited for there when nothing is queued behind it. A batch launched
     while another is in flight, in a burst of calls, or estimated long goes to the worker threads,
-    so the next launch overlaps its device work and the loop answers meanwhile."""
+    so the next launch overlaps its device work and the loop answers meanwhile. The batcher's clock
+    is the test's: a launch takes 0.5 ms of it (50 ms for "slow" calls), "first"'s results 20 ms."""
     import threading
 
+    clock = Clock()
     seen: dict[str, tuple[str, str]] = {}  # call: (thread of its launch, thread of its collect)
 
     def launch(batch: Sequence[Job]):
         name, launched = batch[0].request.prompt, threading.current_thread().name
-        time.sleep(0.05 if name.startswith("slow") else 0.0005)
+        clock.advance(0.05 if name.startswith("slow") else 0.0005)
 
         def collect():
-            time.sleep(0.02 if name == "first" else 0.0)
+            clock.advance(0.02 if name == "first" else 0.0)
             seen[name] = (launched, threading.current_thread().name)
             return [ScoreResult((), "ragged", Usage(0, 0, tokens_of(t), 0)) for t in batch]
 
         return collect
 
     async def scenario():
-        batcher = await warmed(launch, BatchPolicy(max_batch_tokens=100, max_wait_s=0))
-        await asyncio.sleep(0.03)
+        batcher = await warmed(launch, BatchPolicy(max_batch_tokens=100, max_wait_s=0), clock=clock)
+        clock.advance(0.03)
         await batcher.submit(call(10, "idle"), None, "idle")
-        await asyncio.sleep(0.03)
+        clock.advance(0.03)
+        # both queued before the batcher runs: "first" goes alone (the budget), "second" behind it
         await asyncio.gather(*(batcher.submit(call(100, n), None, n) for n in ("first", "second")))
-        await asyncio.sleep(0.03)
+        clock.advance(0.03)
         await asyncio.gather(*(batcher.submit(call(100, f"burst{i}"), None, f"burst{i}") for i in range(8)))
         for i in range(4):  # the model comes to fit ~50 ms a batch: past INLINE_S
-            await asyncio.sleep(0.2)
+            clock.advance(0.2)
             await batcher.submit(call(100, f"slow{i}"), None, f"slow{i}")
         await batcher.close()
         return threading.current_thread().name
@@ -421,19 +487,25 @@ def test_a_burst_is_admitted_only_as_far_as_the_batches_ahead_can_serve_it_in_ti
 
 
 def test_a_call_behind_a_batch_in_flight_that_would_end_past_its_deadline_is_refused_at_once():
-    """Alone the call's forward (0.3 s) would end before its deadline, but a batch launched just
-    before it still holds the device for about 0.25 s: refused at once, not dropped later."""
-    forward = FakeForward(delay_s=0.3)
+    """Alone the call's forward (0.3 s) would end before its deadline, but a batch launched 0.05 s
+    before it still holds the device for about 0.25 s: refused at once, not dropped later. (Times
+    on the batcher's clock: every batch takes 0.3 s of it.)"""
+    clock = Clock()
+    forward = FakeForward(delay_s=0.3, clock=clock)
 
     async def scenario():
-        batcher = await warmed(forward, BatchPolicy(max_wait_s=0))
+        batcher = await warmed(forward, BatchPolicy(max_wait_s=0), clock=clock)
+        forward.gate.clear()
         blocker = asyncio.ensure_future(batcher.submit(call(10, "blocker"), None, "blocker"))
-        await asyncio.sleep(0.05)
-        submitted = time.monotonic()
+        await until(lambda: forward.started[-1] == "blocker")
+        clock.advance(0.05)
         with pytest.raises(QueueFull):
-            await batcher.submit(call(10, "behind"), submitted + 0.45, "behind")
-        assert time.monotonic() - submitted < 0.05
-        await batcher.submit(call(10, "in-time"), time.monotonic() + 1.5, "in-time")
+            await batcher.submit(call(10, "behind"), clock() + 0.45, "behind")
+        in_time = asyncio.ensure_future(batcher.submit(call(10, "in-time"), clock() + 1.5, "in-time"))
+        await asyncio.sleep(0)
+        assert batcher.depth == 1  # admitted
+        forward.gate.set()
+        await in_time
         await blocker
         await batcher.close()
 
@@ -446,26 +518,31 @@ def test_a_call_admitted_behind_a_batch_that_runs_long_is_dropped_without_comput
     admitted, can no longer end in time when its turn comes, and is dropped unscored."""
     times = {"slow": 1.0}
     scored: list[str] = []
+    clock, launching, started = Clock(), threading.Event(), []
+    launching.set()
 
     def forward(batch: Sequence[Job]):
-        time.sleep(max(times.get(t.request.prompt, 0.1) for t in batch))
+        started.append(batch[0].request.prompt)
+        launching.wait()
+        clock.advance(max(times.get(t.request.prompt, 0.1) for t in batch))
         scored.extend(t.request.prompt for t in batch)
         results = [ScoreResult((), "ragged", Usage(0, 0, tokens_of(t), 0)) for t in batch]
         return lambda: results
 
     async def scenario():
-        batcher = await warmed(forward, BatchPolicy(max_wait_s=0))
+        batcher = await warmed(forward, BatchPolicy(max_wait_s=0), clock=clock)
+        launching.clear()
         slow = asyncio.ensure_future(batcher.submit(call(10, "slow"), None, "slow"))
-        await asyncio.sleep(0.05)
-        submitted = time.monotonic()
-        behind = asyncio.ensure_future(batcher.submit(call(10, "behind"), submitted + 1.0, "behind"))
-        await asyncio.sleep(0.01)
+        await until(lambda: started[-1] == "slow")  # launched: held at the gate
+        clock.advance(0.05)
+        behind = asyncio.ensure_future(batcher.submit(call(10, "behind"), clock() + 1.0, "behind"))
+        await asyncio.sleep(0)
         assert batcher.depth == 1  # admitted: 0.05 s left of the slow batch's estimate, 0.1 s its own
+        launching.set()  # the slow batch takes 1.0 s
         await slow
         with pytest.raises(Dropped) as dropped:
             await behind
         assert dropped.value.reason in ("deadline", "unreachable")
-        assert time.monotonic() - submitted < 1.1
         await batcher.close()
 
     run(scenario)

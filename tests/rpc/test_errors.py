@@ -60,6 +60,14 @@ BAD_INPUTS = {
     "unknown special_tokens": (req(special_tokens="strip"), INVALID, "options.special_tokens"),
     "doc over --max-doc-bytes": (req(docs=[pb.Doc(text="x" * (2**20 + 1))]), INVALID, "docs[0].text"),
     "text over --max-request-bytes": (req(docs=[pb.Doc(text="y" * 2**20)] * 17), INVALID, "request"),
+    "65 label_token_ids": (req(label_token_ids=range(65)), INVALID, "options.label_token_ids"),
+    "65 label_tokens": (req(label_tokens=["yes"] * 65), INVALID, "options.label_tokens"),
+    "a doc id of 257 characters": (req(docs=[DOC, pb.Doc(id="i" * 257, text="d")]), INVALID, "docs[1].id"),
+    "prompt ids past the positions": (
+        pb.ScoreDocsRequest(prompt_token_ids=[1] * 100_000, docs=[DOC]),
+        INVALID,
+        "prompt_token_ids",
+    ),
     "special_tokens and doc_special_tokens differ": (
         req(special_tokens="text", doc_special_tokens="parse"),
         INVALID,
@@ -145,11 +153,14 @@ def test_truncate_doc_end_cuts_instead_of_failing(server, engine):
     assert tokens > 5 and (reply.results[0].doc_tokens, reply.results[0].truncated_tokens) == (5, tokens - 5)
 
 
-def test_messages_above_grpcs_4_mb_default_pass_both_ways(server):
-    big_ids = [pb.Doc(id=str(i) * 2**20, text="d") for i in range(5)]
-    reply = server.stub().ScoreDocs(req(docs=big_ids, scheme="ragged"), timeout=60)
-    assert reply.ByteSize() > 5 * 2**20
-    assert [len(r.id) for r in reply.results] == [2**20] * 5
+def test_a_message_above_grpcs_4_mb_default_passes(server):
+    """(An answer stays far below it: 64 labels and 256-character ids at most.)"""
+    big = [pb.Doc(id=str(i), text=f"{i} " * 2**19) for i in range(5)]
+    msg = req(docs=big, scheme="ragged", truncate="doc_end", template="plain")
+    assert msg.ByteSize() > 5 * 2**20
+    reply = server.stub().ScoreDocs(msg, timeout=60)
+    assert [r.id for r in reply.results] == ["0", "1", "2", "3", "4"]
+    assert all(r.truncated_tokens + r.truncated_chars > 0 for r in reply.results)
 
 
 def test_reflection_lists_the_scorer_and_health_services(server):

@@ -569,7 +569,10 @@ def test_scorer_serve_http_port_answers_the_cohere_sdk_with_the_grpc_scores(scor
         want = [
             r.score
             for r in proc.stub()
-            .ScoreDocs(pb.ScoreDocsRequest(prompt=QUERY, docs=docs, options=options))
+            .ScoreDocs(
+                pb.ScoreDocsRequest(prompt=QUERY, docs=docs, options=options),
+                metadata=(("authorization", f"Bearer {KEY}"),),  # the key covers gRPC too
+            )
             .results
         ]
         client = cohere.ClientV2(api_key=KEY, base_url=f"http://127.0.0.1:{port}")
