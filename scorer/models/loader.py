@@ -8,12 +8,30 @@ import torch
 from safetensors import safe_open
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from scorer.config import ModelConfig
-from scorer.models import MODEL_CLASSES
+from scorer.config import CheckpointError, ModelConfig
 from scorer.models.decoder import DecoderLM
 
 # Old Llama checkpoints carry the RoPE buffer; it is recomputed from the config.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+TOKENIZER_FILES = (("tokenizer.json",), ("tokenizer.model",), ("vocab.json", "merges.txt"))
+"""Any one of these sets of files is a tokenizer transformers can load; without one it would build
+an empty tokenizer from tokenizer_config.json alone."""
+
+
+def check_checkpoint(model_dir: str | Path) -> ModelConfig:
+    """The checkpoint's config, once the directory has what loading needs (a supported config.json,
+    *.safetensors weights, tokenizer files), before any weights are read; else CheckpointError in
+    one line naming what is missing or unsupported."""
+    model_dir = Path(model_dir)
+    config = ModelConfig.from_hf(model_dir)
+    if not any(model_dir.glob("*.safetensors")):
+        other = sorted(p.name for p in model_dir.glob("*.bin")) + sorted(p.name for p in model_dir.glob("*.pt"))
+        found = f" (found {', '.join(other[:3])}: convert them to safetensors)" if other else ""
+        raise CheckpointError(f"{model_dir} has no *.safetensors weights{found}")
+    if not any(all((model_dir / f).is_file() for f in files) for files in TOKENIZER_FILES):
+        names = " or ".join(" + ".join(files) for files in TOKENIZER_FILES)
+        raise CheckpointError(f"{model_dir} has no tokenizer files ({names})")
+    return config
 
 
 def load_model(
@@ -25,27 +43,26 @@ def load_model(
     """Load weights from all *.safetensors shards and the tokenizer in model_dir.
 
     dtype None keeps the dtype config.json names (or the stored tensors' dtype if it names none);
-    ``kernels``: the model's elementwise kernels (see DecoderLM).
+    ``kernels``: the model's elementwise kernels (see DecoderLM). A checkpoint the engine cannot
+    run raises CheckpointError (``check_checkpoint``; weights that do not match the config).
     """
     model_dir = Path(model_dir)
-    config = ModelConfig.from_hf(model_dir)
+    config = check_checkpoint(model_dir)
     shards = sorted(model_dir.glob("*.safetensors"))
-    if not shards:
-        raise FileNotFoundError(f"{model_dir} has no *.safetensors weights")
     device = torch.device(device)
     dtype = dtype or config.dtype
 
     with torch.device("meta"):
-        model = MODEL_CLASSES[config.architecture](config, kernels)
+        model = DecoderLM(config, kernels)
     state = _read_shards(shards, device, dtype)
     expected = set(model.state_dict())
     missing = expected - state.keys()
-    if config.tie_word_embeddings:
+    if config.tie_word_embeddings or config.num_labels:
         missing.discard("lm_head.weight")
         state.pop("lm_head.weight", None)
     unexpected = state.keys() - expected
     if missing or unexpected:
-        raise ValueError(
+        raise CheckpointError(
             f"checkpoint {model_dir} does not match {config.architecture}: "
             f"missing {sorted(missing)[:8]}, unexpected {sorted(unexpected)[:8]}"
         )
@@ -57,7 +74,10 @@ def load_model(
 
 
 def load_tokenizer(model_dir: str | Path):
-    return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    if len(tokenizer) < 2:
+        raise CheckpointError(f"{model_dir}: the tokenizer files hold {len(tokenizer)} token(s)")
+    return tokenizer
 
 
 def _read_shards(
