@@ -11,7 +11,6 @@ import torch
 from transformers import AutoConfig, PreTrainedConfig
 
 
-
 @dataclass(frozen=True)
 class Family:
     """What a decoder family does differently from Llama (see ``ModelConfig``'s fields)."""

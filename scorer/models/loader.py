@@ -25,7 +25,9 @@ def check_checkpoint(model_dir: str | Path) -> ModelConfig:
     model_dir = Path(model_dir)
     config = ModelConfig.from_hf(model_dir)
     if not any(model_dir.glob("*.safetensors")):
-        other = sorted(p.name for p in model_dir.glob("*.bin")) + sorted(p.name for p in model_dir.glob("*.pt"))
+        other = sorted(p.name for p in model_dir.glob("*.bin")) + sorted(
+            p.name for p in model_dir.glob("*.pt")
+        )
         found = f" (found {', '.join(other[:3])}: convert them to safetensors)" if other else ""
         raise CheckpointError(f"{model_dir} has no *.safetensors weights{found}")
     if not any(all((model_dir / f).is_file() for f in files) for files in TOKENIZER_FILES):
