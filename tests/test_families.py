@@ -250,3 +250,34 @@ def test_a_document_past_the_sliding_window_is_refused_naming_it(family):
     long_doc = Doc(" ".join(["word"] * 2 * window))
     with pytest.raises(InvalidInput, match=f"sliding window of {window} tokens"):
         engine.tokenize(ScoreRequest(PROMPT, [long_doc]))
+
+
+def test_scorer_score_runs_a_classification_checkpoint(tmp_path, capsys):
+    """``scorer score --model DIR`` on a Qwen2ForSequenceClassification directory: the score head's
+    sigmoid per doc, as transformers computes it."""
+    import json
+
+    from scorer.cli import main
+
+    path = write_checkpoint(CASES["qwen2-score1"], tmp_path / "qwen2-score1")
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"text": d, "id": f"d{i}"}) + "\n" for i, d in enumerate(DOCS)))
+    argv = [
+        "score",
+        "--model",
+        str(path),
+        "--prompt",
+        PROMPT,
+        "--docs",
+        str(docs),
+        "--attention-backend",
+        "torch",
+    ]
+    assert main([*argv, "--scheme", "cascade"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    engine = build_engine(path, "torch", "cpu")
+    want = reference_scores(path, engine.tokenize(request("naive")), "sigmoid")
+    assert [line["id"] for line in lines] == [f"d{i}" for i in range(len(DOCS))]
+    torch.testing.assert_close([line["score"] for line in lines], want, atol=1e-4, rtol=0)
+    assert main([*argv, "--label-tokens", "yes", "no"]) == 2
+    assert "options.label_tokens: the model has a score head" in capsys.readouterr().err

@@ -10,7 +10,7 @@ import pytest
 import torch
 from fused_reference import TorchFused
 from safetensors.torch import save_file
-from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, Qwen3Config
+from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
 from scorer.attention import HeadSpec, TorchBackend
 from scorer.config import CheckpointError, ModelConfig
@@ -116,6 +116,7 @@ CASES = {
         },
         architectures=["LlamaForCausalLM"],
     ),
+    "qwen2-qkv-bias": Qwen2Config(**SMALL, num_key_value_heads=2, architectures=["Qwen2ForCausalLM"]),
     "llama-attention-bias": LlamaConfig(
         **SMALL, num_key_value_heads=4, attention_bias=True, mlp_bias=True, architectures=["LlamaForCausalLM"]
     ),
@@ -281,7 +282,7 @@ def test_graph_buckets_cover_every_count_with_bounded_padding(max_tokens: int) -
 
 
 @pytest.mark.parametrize("kernels", ["flashinfer", "fused"])
-@pytest.mark.parametrize("case", ["qwen3-tied", "llama3-rope", "llama-attention-bias"])
+@pytest.mark.parametrize("case", ["qwen3-tied", "llama3-rope", "llama-attention-bias", "qwen2-qkv-bias"])
 def test_fused_kernel_wiring_matches_the_eager_model(
     case: str, kernels: str, tmp_path: Path, monkeypatch
 ) -> None:
