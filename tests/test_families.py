@@ -281,3 +281,56 @@ def test_scorer_score_runs_a_classification_checkpoint(tmp_path, capsys):
     torch.testing.assert_close([line["score"] for line in lines], want, atol=1e-4, rtol=0)
     assert main([*argv, "--label-tokens", "yes", "no"]) == 2
     assert "options.label_tokens: the model has a score head" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["qwen2-score3", "gemma2"])
+def test_scorer_serve_runs_the_checkpoint(case, tmp_path):
+    """``scorer serve --model DIR``: a Cohere-shaped call scores as transformers does, and /info
+    names the head."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    path = write_checkpoint(CASES[case], tmp_path / case)
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    cmd = [sys.executable, "-m", "scorer", "serve", "--model", str(path), "--attention-backend", "torch"]
+    cmd += ["--port", str(ports[0]), "--http-port", str(ports[1]), "--drain-seconds", "0"]
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+        )
+    try:
+        url = f"http://127.0.0.1:{ports[1]}"
+        deadline = time.monotonic() + 180
+        while True:
+            assert proc.poll() is None, log.read_text()
+            try:
+                info = httpx.get(f"{url}/info", timeout=2)
+                if info.status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        head = "lm" if not _is_score(CASES[case]) else "score head (Qwen2ForSequenceClassification, 3 labels)"
+        assert info.json()["head"] == head
+        body = {"model": "m", "query": PROMPT, "documents": DOCS}
+        results = httpx.post(f"{url}/v2/rerank", json=body, timeout=60).json()["results"]
+        got = [r["relevance_score"] for r in sorted(results, key=lambda r: r["index"])]
+        engine = build_engine(path, "torch", "cpu")
+        want = reference_scores(path, engine.tokenize(ScoreRequest(PROMPT, [Doc(d) for d in DOCS])))
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, log.read_text()
