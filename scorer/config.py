@@ -20,6 +20,7 @@ class Family:
     o_bias: bool | None = None
     gemma: bool = False  # embedding * sqrt(hidden), RMSNorm of (1 + weight) in fp32
     sandwich_norms: bool = False  # Gemma 2's norms after attention and around the MLP
+    act_field: str = "hidden_act"  # the config field of the MLP's activation, as transformers reads it
 
 
 FAMILIES: dict[str, Family] = {
@@ -28,7 +29,7 @@ FAMILIES: dict[str, Family] = {
     "Llama": Family(),
     "Mistral": Family(qkv_bias=False, o_bias=False),
     "Gemma": Family(gemma=True),
-    "Gemma2": Family(gemma=True, sandwich_norms=True),
+    "Gemma2": Family(gemma=True, sandwich_norms=True, act_field="hidden_activation"),
 }
 HEADS = {"ForCausalLM": "lm", "ForSequenceClassification": "score"}
 SUPPORTED_ARCHITECTURES = tuple(f + h for f in FAMILIES for h in HEADS)
@@ -113,7 +114,7 @@ class ModelConfig:
         architecture = _architecture(hf)
         family_name, head = _split_architecture(architecture)
         family = FAMILIES[family_name]
-        act = getattr(hf, "hidden_activation", None) or getattr(hf, "hidden_act", None) or "silu"
+        act = getattr(hf, family.act_field, None) or "silu"
         if act not in ACTIVATIONS:
             raise CheckpointError(f"unsupported hidden_act {act!r}; supported: {', '.join(ACTIVATIONS)}")
         layer_types = list(getattr(hf, "layer_types", None) or [])
@@ -182,8 +183,10 @@ def _load_hf_config(source: str | Path | Mapping[str, Any] | PreTrainedConfig) -
     if isinstance(source, Mapping):
         values = dict(source)
         model_type = values.pop("model_type", None)
+        if model_type is None and not values.get("architectures"):
+            raise CheckpointError("config needs 'model_type' or 'architectures'")
         if model_type is None:
-            model_type = _split_architecture((values.get("architectures") or ["?"])[0])[0].lower()
+            model_type = _split_architecture(values["architectures"][0])[0].lower()
         return AutoConfig.for_model(model_type, **values)
     path = Path(source)
     if path.is_dir() and not (path / "config.json").is_file():

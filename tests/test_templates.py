@@ -231,6 +231,14 @@ def test_the_engine_serves_a_template_file_by_default(tmp_path, monkeypatch):
     engine = build_engine(attention_backend="torch", config=Settings(template_file=str(path)).engine_config())
     result = engine.score(ScoreRequest("q", [Doc("a doc")], options=ScoreOptions(template="")))
     assert result.results[0].score < 0  # logprob, the file's mode
+    # the server's warm-up scores with the default template (and its labels) too
+    from scorer.server.scoring import warm_up
+
+    seen = []
+    tokenize_ = engine.tokenize
+    monkeypatch.setattr(engine, "tokenize", lambda req, *a: seen.append(tokenize_(req, *a)) or seen[-1])
+    warm_up(engine)
+    assert seen and {job.options.template for job in seen} == {"ours"}
     with pytest.raises(ValueError, match="--template-file \\(template_file\\): .* is not a template"):
         Settings(template_file=str(tmp_path / "t.json") if (tmp_path / "t.json").write_text("[]") else "")
     with pytest.raises(ValueError, match="--template \\(template\\): unknown template 'nope'"):
