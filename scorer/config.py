@@ -117,6 +117,14 @@ class ModelConfig:
         act = getattr(hf, family.act_field, None) or "silu"
         if act not in ACTIVATIONS:
             raise CheckpointError(f"unsupported hidden_act {act!r}; supported: {', '.join(ACTIVATIONS)}")
+        quantized = getattr(hf, "quantization_config", None)
+        if quantized:
+            method = (
+                quantized.get("quant_method", "?")
+                if isinstance(quantized, dict)
+                else type(quantized).__name__
+            )
+            raise CheckpointError(f"quantized checkpoints are not supported (quantization_config: {method})")
         layer_types = list(getattr(hf, "layer_types", None) or [])
         for t in layer_types:
             if t not in _LAYER_TYPES:

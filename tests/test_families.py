@@ -237,6 +237,12 @@ def test_family_config_fields_and_refusals():
             "unsupported rope_type 'dynamic'",
         ),
         (Qwen2Config(**SMALL, architectures=["Qwen2ForTokenClassification"]), "unsupported architecture"),
+        (
+            Qwen2Config(
+                **SMALL, quantization_config={"quant_method": "awq"}, architectures=["Qwen2ForCausalLM"]
+            ),
+            "quantized checkpoints are not supported \\(quantization_config: awq\\)",
+        ),
     ):
         with pytest.raises(CheckpointError, match=message):
             ModelConfig.from_hf(hf)
