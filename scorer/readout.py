@@ -121,12 +121,9 @@ def score(values: Sequence[float], mode: str) -> float:
     ``sigmoid`` the logit's sigmoid."""
     if mode in ("logprob", "raw"):
         return values[0]
-    if mode == "sigmoid":
-        return (
-            1.0 / (1.0 + math.exp(-values[0]))
-            if values[0] >= 0
-            else math.exp(values[0]) / (1.0 + math.exp(values[0]))
-        )
+    if mode == "sigmoid":  # exp of a negative number only: no overflow
+        x = values[0]
+        return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
     return math.exp(values[0] - _logsumexp(values))
 
 
