@@ -468,9 +468,10 @@ def scorer_args_model():
 
 REQUEST_HELP = {
     "scheme": "shared-prefix scheme, or auto (chosen by shape)",
-    "label_tokens": "label words, each a single vocabulary token (default: yes no)",
+    "label_tokens": "label words, each a single vocabulary token (default: the template's; yes no for most)",
     "label_token_ids": "label token ids instead of --label-tokens",
-    "template": "prompt template (default: qwen3_reranker, or --template-file's)",
+    "template": f"prompt template: {', '.join(TEMPLATES)} or --template-file's (default: qwen3_reranker,"
+    " or --template-file's when given)",
     "score_mode": "softmax: P(first label) over the labels; logprob: log P(first label); raw: the first"
     " label's logit (a score head's output); sigmoid: its sigmoid (default: the template's, else softmax)",
     "truncate": "a doc over the limit: error, or doc_end (cut its end)",
