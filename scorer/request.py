@@ -150,6 +150,7 @@ TEMPLATES: dict[str, Template] = {
     ),
 }
 TEMPLATE_FIELDS = tuple(f.name for f in dataclasses.fields(Template))
+_SEGMENTED = ("prefix", "item_head", "item_tail")  # a text, or segments tokenized one at a time
 
 
 def load_template(path: str | Path) -> Template:
@@ -160,16 +161,20 @@ def load_template(path: str | Path) -> Template:
     path = Path(path)
     try:
         text = path.read_text()
-        if path.suffix in (".yaml", ".yml"):
-            import yaml
-
-            values = yaml.safe_load(text)
-        else:
-            values = json.loads(text)
-    except (OSError, ValueError) as e:  # yaml's errors are ValueErrors too (YAMLError is not: below)
+    except OSError as e:
         raise ValueError(f"template file {path}: {e}") from None
-    except Exception as e:  # yaml.YAMLError
-        raise ValueError(f"template file {path}: {type(e).__name__}: {e}") from None
+    if path.suffix in (".yaml", ".yml"):
+        import yaml
+
+        try:
+            values = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ValueError(f"template file {path}: {e}") from None
+    else:
+        try:
+            values = json.loads(text)
+        except ValueError as e:
+            raise ValueError(f"template file {path}: {e}") from None
     if not isinstance(values, dict):
         raise ValueError(f"template file {path}: expected a mapping of {', '.join(TEMPLATE_FIELDS)}")
     unknown = sorted(set(values) - set(TEMPLATE_FIELDS))
@@ -181,19 +186,15 @@ def load_template(path: str | Path) -> Template:
         if not values.get(name):
             raise ValueError(f"template file {path}: {name} is missing")
     for name, value in values.items():
-        kind = (
-            (list, str)
-            if name in ("prefix", "item_head", "item_tail")
-            else (list,)
-            if name == "labels"
-            else (str,)
-        )
-        if not isinstance(value, kind) or (
-            isinstance(value, list) and not all(isinstance(v, str) for v in value)
-        ):
-            raise ValueError(
-                f"template file {path}: {name} is not {'text or a list of texts' if list in kind else 'text'}"
-            )
+        texts = isinstance(value, list) and all(isinstance(v, str) for v in value)
+        if name == "labels":
+            ok, wants = texts, "a list of texts"
+        elif name in _SEGMENTED:
+            ok, wants = isinstance(value, str) or texts, "text or a list of texts"
+        else:
+            ok, wants = isinstance(value, str), "text"
+        if not ok:
+            raise ValueError(f"template file {path}: {name} is not {wants}")
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
     try:
         return Template(**values)
