@@ -42,6 +42,18 @@ def qwen2(path: Path, weights: bool = True, tokenizer: bool = True) -> Path:
     return path
 
 
+def resized(path: Path) -> Path:
+    """A real checkpoint whose config.json was edited after it was saved."""
+    from transformers import AutoModelForCausalLM
+
+    config = Qwen2Config(**SMALL, **HEADS, architectures=["Qwen2ForCausalLM"])
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    tiny.write_tokenizer(path)
+    values = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**values, "intermediate_size": 128}))
+    return path
+
+
 CASES = {
     "unsupported architecture": (unsupported, "unsupported architecture 'BertForMaskedLM'; supported: "),
     "no safetensors": (
@@ -51,6 +63,15 @@ CASES = {
     "no tokenizer": (
         lambda p: qwen2(p, tokenizer=False),
         "has no tokenizer files \\(tokenizer.json or tokenizer.model or vocab.json \\+ merges.txt\\)",
+    ),
+    "weights of another model": (
+        qwen2,
+        "does not match Qwen2ForCausalLM: missing 2\\d tensors \\(lm_head.weight, .*\\),"
+        " unexpected 1 tensor \\(x\\)",
+    ),
+    "weights of another size": (
+        resized,
+        "does not match its config.json: model.layers.0.mlp.down_proj.weight is \\[64, 96\\]",
     ),
     "config not JSON": (lambda p: (p / "config.json").write_text("{") and p, "config.json cannot be read"),
 }
@@ -65,6 +86,7 @@ def test_a_checkpoint_mistake_is_one_line_and_exit_2(case, command, tmp_path, ca
     docs.write_text('{"text": "a doc"}\n')
     args = ["--model", str(model)]
     argv = ["score", "--prompt", "q", "--docs", str(docs), *args] if command == "score" else ["serve", *args]
+    capfd.readouterr()  # what building the directory printed
     assert main(argv) == 2
     err = capfd.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "Traceback" not in err[0], err

@@ -20,20 +20,58 @@ an empty tokenizer from tokenizer_config.json alone."""
 
 def check_checkpoint(model_dir: str | Path) -> ModelConfig:
     """The checkpoint's config, once the directory has what loading needs (a supported config.json,
-    *.safetensors weights, tokenizer files), before any weights are read; else CheckpointError in
-    one line naming what is missing or unsupported."""
+    *.safetensors weights of the config's names and shapes, tokenizer files), from the files'
+    headers: no weight is read; else CheckpointError in one line naming what is missing or
+    unsupported."""
     model_dir = Path(model_dir)
     config = ModelConfig.from_hf(model_dir)
     if not any(model_dir.glob("*.safetensors")):
-        other = sorted(p.name for p in model_dir.glob("*.bin")) + sorted(
-            p.name for p in model_dir.glob("*.pt")
-        )
+        other = sorted(p.name for ext in ("*.bin", "*.pt") for p in model_dir.glob(ext))
         found = f" (found {', '.join(other[:3])}: convert them to safetensors)" if other else ""
         raise CheckpointError(f"{model_dir} has no *.safetensors weights{found}")
     if not any(all((model_dir / f).is_file() for f in files) for files in TOKENIZER_FILES):
         names = " or ".join(" + ".join(files) for files in TOKENIZER_FILES)
         raise CheckpointError(f"{model_dir} has no tokenizer files ({names})")
+    shapes = {}
+    for shard in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(shard), framework="pt") as f:
+            shapes.update((n, tuple(f.get_slice(n).get_shape())) for n in f.keys() if not _ignored(n))  # noqa: SIM118
+    _check_weights(model_dir, config, shapes)
     return config
+
+
+def _some(names: set[str]) -> str:
+    """``3 tensors (a, b, c)``: how many, and the first few names."""
+    listed = ", ".join(sorted(names)[:4]) + (", ..." if len(names) > 4 else "")
+    return f"{len(names)} tensor{'s' * (len(names) != 1)}" + (f" ({listed})" if names else "")
+
+
+def _ignored(name: str) -> bool:
+    return name.endswith(_IGNORED_SUFFIXES)
+
+
+def _check_weights(model_dir: Path, config: ModelConfig, shapes: dict[str, tuple[int, ...]]) -> None:
+    """The checkpoint's tensors (name: shape) are the model's: none missing (an LM head tied to the
+    embedding, or absent beside a score head, aside), none unexpected, none of another shape."""
+    with torch.device("meta"):
+        expected = {n: tuple(t.shape) for n, t in DecoderLM(config).state_dict().items()}
+    shapes = dict(shapes)
+    if config.tie_word_embeddings or config.num_labels:
+        expected.pop("lm_head.weight", None)
+        shapes.pop("lm_head.weight", None)
+    missing, unexpected = expected.keys() - shapes.keys(), shapes.keys() - expected.keys()
+    if missing or unexpected:
+        raise CheckpointError(
+            f"checkpoint {model_dir} does not match {config.architecture}: "
+            f"missing {_some(missing)}, unexpected {_some(unexpected)}"
+        )
+    wrong = sorted(n for n in expected if shapes[n] != expected[n])
+    if wrong:
+        n = wrong[0]
+        raise CheckpointError(
+            f"checkpoint {model_dir} does not match its config.json: {n} is {list(shapes[n])},"
+            f" the config makes it {list(expected[n])}"
+        )
 
 
 def load_model(
@@ -46,7 +84,7 @@ def load_model(
 
     dtype None keeps the dtype config.json names (or the stored tensors' dtype if it names none);
     ``kernels``: the model's elementwise kernels (see DecoderLM). A checkpoint the engine cannot
-    run raises CheckpointError (``check_checkpoint``; weights that do not match the config).
+    run raises CheckpointError (``check_checkpoint``).
     """
     model_dir = Path(model_dir)
     config = check_checkpoint(model_dir)
@@ -57,17 +95,8 @@ def load_model(
     with torch.device("meta"):
         model = DecoderLM(config, kernels)
     state = _read_shards(shards, device, dtype)
-    expected = set(model.state_dict())
-    missing = expected - state.keys()
     if config.tie_word_embeddings or config.num_labels:
-        missing.discard("lm_head.weight")
         state.pop("lm_head.weight", None)
-    unexpected = state.keys() - expected
-    if missing or unexpected:
-        raise CheckpointError(
-            f"checkpoint {model_dir} does not match {config.architecture}: "
-            f"missing {sorted(missing)[:8]}, unexpected {sorted(unexpected)[:8]}"
-        )
     model.load_state_dict(state, strict=False, assign=True)
     model.eval().requires_grad_(False)
     model.finalize()
@@ -89,7 +118,7 @@ def _read_shards(
     for shard in shards:
         with safe_open(str(shard), framework="pt", device=str(device)) as f:
             for name in f.keys():  # noqa: SIM118 (safe_open is not a Mapping)
-                if name.endswith(_IGNORED_SUFFIXES):
+                if _ignored(name):
                     continue
                 tensor = f.get_tensor(name)
                 if dtype is not None and tensor.is_floating_point():
