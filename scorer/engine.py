@@ -28,11 +28,15 @@ from .readout import DocScore, ScoreResult, Usage
 from .request import (
     MAX_DOC_BYTES,
     MAX_REQUEST_BYTES,
+    TEMPLATES,
     Job,
     Limits,
+    Prompting,
+    ScoreHead,
     ScoreOptions,
     ScoreRequest,
     fast_backends,
+    load_template,
     tokenize,
 )
 from .runner import ModelRunner
@@ -69,6 +73,10 @@ class EngineConfig:
     """A batch reads prompt K/V from the prefix cache only where that saves at least this many
     rows of its forward; a batch whose hits save fewer computes its prompts (and writes the blocks
     it was to write). None: ``GPU_MIN_CACHE_READ_TOKENS`` on a GPU, 0 (every hit read) elsewhere."""
+    template: str = ""  # the template of a call that names none ("": ScoreOptions.template's)
+    template_file: str = ""  # a team's own template (request.load_template), the default unless ``template``
+    score_label: str = ""
+    """A score head's relevant label: an index, or a name of the config's id2label; "": the last."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +93,13 @@ class EngineInfo:
     device_type: str
     device: str = ""  # the model's device, e.g. ``cuda:0``
     max_batch_tokens: int = 0  # the serving batcher's (0: no batcher, an engine alone)
+    head: ScoreHead | None = None  # the model's score head; None: the LM head
+    sliding_window: int = 0  # the model's sliding window, where it bounds max_positions
+
+    @property
+    def head_kind(self) -> str:
+        """What /info reports: ``lm`` (label tokens of the LM head) or the score head."""
+        return "lm" if self.head is None else self.head.describe()
 
 
 class Tokenizing:
@@ -105,8 +120,10 @@ class Tokenizing:
             vocab_size=info.vocab_size,
             max_doc_bytes=c.max_doc_bytes,
             max_request_bytes=c.max_request_bytes,
+            sliding_window=info.sliding_window if info.sliding_window == info.max_positions else 0,
         )
         self.auto = lru_cache(maxsize=4096)(auto_policy(c.auto_policy, info.backend, info.device_type))
+        self.prompting = prompting(c, info.head)
 
     def tokenize(self, req: ScoreRequest, cancelled: Callable[[], bool] | None = None) -> Job:
         """``req`` as a Job (see request.tokenize); ``cancelled`` stops it between docs."""
@@ -120,6 +137,7 @@ class Tokenizing:
             c.max_custom_mask_tokens,
             cancelled,
             self.peek if self.cache is not None else None,
+            self.prompting,
         )
 
     def peek(self, prefix: tuple[int, ...], options: ScoreOptions) -> tuple[int, tuple]:
@@ -152,15 +170,18 @@ class Engine(Tokenizing):
         model_dir: str = "",
     ):
         mc = runner.model.config
+        config = config or EngineConfig()
         info = EngineInfo(
             model_name,
             model_dir,
-            config or EngineConfig(),
-            mc.max_position_embeddings,
+            config,
+            mc.max_positions,
             mc.vocab_size,
             runner.backend.name,
             runner.device.type,
             str(runner.device),
+            head=score_head(mc, config.score_label),
+            sliding_window=mc.sliding_window,
         )
         super().__init__(tokenizer, info)
         self.runner = runner
@@ -309,6 +330,48 @@ class Engine(Tokenizing):
             return False
         self.cache.declined(sum(h.num_cached for h in hits))
         return True
+
+
+def prompting(c: EngineConfig, head: ScoreHead | None) -> Prompting:
+    """The templates (the built-ins, ``c.template_file``'s), the default one and the head; a bad
+    template file or name raises ValueError naming it."""
+    templates = dict(TEMPLATES)
+    default = ScoreOptions.template
+    if c.template_file:
+        own = load_template(c.template_file)
+        templates[own.name] = own
+        default = own.name
+    if c.template:
+        if c.template not in templates:
+            raise ValueError(f"unknown template {c.template!r}; expected one of {', '.join(templates)}")
+        default = c.template
+    return Prompting(templates, default, head)
+
+
+def score_head(mc, label: str = "") -> ScoreHead | None:
+    """The model's score head (None: an LM head) with its relevant label: ``label`` an index
+    (negative from the end) or a name of the config's id2label, "" the last; ValueError otherwise."""
+    if not mc.num_labels:
+        if label:
+            raise ValueError(f"score label {label!r}: {mc.architecture} has an LM head, no score head")
+        return None
+    n = mc.num_labels
+    names = {str(v): int(k) for k, v in (getattr(mc.hf_config, "id2label", None) or {}).items()}
+    if not label:
+        index = n - 1
+    elif label in names:
+        index = names[label]
+    else:
+        try:
+            index = int(label)
+        except ValueError:
+            index = n  # neither: refused below
+        if not -n <= index < n:
+            raise ValueError(
+                f"score label {label!r} is not a label of the score head ({n} outputs: 0-{n - 1}"
+                f" or one of {', '.join(sorted(names, key=names.get))})"
+            )
+    return ScoreHead(mc.architecture, n, index % n)
 
 
 FLOPS_PER_BYTE = 165.0

@@ -13,7 +13,10 @@ MODEL_KERNELS = ("auto", "torch", "flashinfer", "fused")
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "fp8")  # of the decoder's linear layers (models/quant.py)
 
-SCORE_MODES = ("softmax", "logprob")
+SCORE_MODES = ("softmax", "logprob", "raw", "sigmoid")
+TEMPLATE_NAMES = ("qwen3_reranker", "plain", "bge_reranker_gemma", "mxbai_rerank_v2")
+"""The built-in prompt templates (request.TEMPLATES), named here so the parser is built without them."""
+RAW_MODES = ("raw", "sigmoid")  # read the labels' logits, not log-probs over the vocabulary
 TRUNCATE_MODES = ("error", "doc_end")
 DOC_SPECIAL_TOKENS = ("parse", "text")  # the choices of special_tokens and doc_special_tokens
 PREFIX_CACHE_MODES = ("off",)  # the choices of prefix_cache besides "" (use the cache)
@@ -42,7 +45,9 @@ class ScoreOptions:
     template: str = "qwen3_reranker"
     label_tokens: tuple[str, ...] = ()  # (): the default labels, yes and no
     label_token_ids: tuple[int, ...] = ()
-    score_mode: str = "softmax"  # softmax: P(label 0) over the labels; logprob: log P(label 0)
+    score_mode: str = ""
+    """"": the template's (softmax for most); softmax: P(label 0) over the labels; logprob: log P(label 0)
+    over the vocabulary (a score head's outputs); raw: label 0's logit; sigmoid: its sigmoid."""
     truncate: str = "error"
     max_doc_tokens: int = 0  # 0: the engine's limit
     group_size: int = 0  # for ``grouped``; 0: the engine's default

@@ -1,4 +1,5 @@
-"""The read-out: label log-probs at each item's score row, score modes, usage, ``top_n``."""
+"""The read-out: label log-probs (or logits) at each item's score row from the LM head or a score
+head, score modes, usage, ``top_n``."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from .devices import to_device
-from .request import Job
+from .request import RAW_MODES, Job
 
 
 @dataclass(frozen=True)
@@ -40,19 +41,28 @@ class ScoreResult:
 
 
 def label_logprobs(model, rows: torch.Tensor, jobs: Sequence[Job]) -> torch.Tensor:
-    """Full-vocabulary log-probs of each item's label tokens, from its last hidden row ([items,
-    hidden], the items of ``jobs`` in order), flat in item order; on the device, not waited for."""
+    """Log-probs of each item's labels over the whole head (the vocabulary, or a score head's
+    outputs; a one-output head against a constant 0) from its last hidden row ([items, hidden],
+    the items of ``jobs`` in order), flat in item order; for a job whose score mode is ``raw`` or
+    ``sigmoid``, the labels' logits. On the device, not waited for."""
     logits = model.score_logits(rows).float()
+    if logits.shape[1] == 1:
+        logits = torch.cat([logits, torch.zeros_like(logits)], dim=1)
     lse = torch.logsumexp(logits, dim=-1)
-    item, label_ids, at = [], [], 0
+    item, label_ids, raw, at = [], [], [], 0
     for job in jobs:
         k, n = len(job.label_ids), len(job.items)
         item += [i for i in range(at, at + n) for _ in range(k)]
         label_ids += job.label_ids * n
+        raw += [job.options.score_mode in RAW_MODES] * (k * n)
         at += n
     item = to_device(torch.tensor(item, dtype=torch.long), rows.device)
     label_ids = to_device(torch.tensor(label_ids, dtype=torch.long), rows.device)
-    return logits[item, label_ids] - lse[item]
+    picked = logits[item, label_ids]
+    if not any(raw):
+        return picked - lse[item]
+    keep = to_device(torch.tensor(raw), rows.device)
+    return torch.where(keep, picked, picked - lse[item])
 
 
 def results(
@@ -85,7 +95,7 @@ def result(
         DocScore(
             i,
             docs[i].id,
-            lps[0] if o.score_mode == "logprob" else math.exp(lps[0] - _logsumexp(lps)),
+            score(lps, o.score_mode),
             lps,
             job.doc_tokens[i],
             job.truncated[i],
@@ -103,6 +113,18 @@ def result(
         cached,
     )
     return ScoreResult(tuple(ranked(scores, o.top_n)), job.scheme.name, usage)
+
+
+def score(values: Sequence[float], mode: str) -> float:
+    """A doc's score from its labels' log-probs (``raw``, ``sigmoid``: logits), label 0 the relevant
+    one: ``softmax`` P(label 0) over the labels, ``logprob`` log P(label 0), ``raw`` its logit,
+    ``sigmoid`` the logit's sigmoid."""
+    if mode in ("logprob", "raw"):
+        return values[0]
+    if mode == "sigmoid":  # exp of a negative number only: no overflow
+        x = values[0]
+        return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
+    return math.exp(values[0] - _logsumexp(values))
 
 
 def ranked(results: Sequence[DocScore], top_n: int) -> list[DocScore]:

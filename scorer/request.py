@@ -8,10 +8,13 @@ another by a merge across the boundary.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import string
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
+from pathlib import Path
 
 from .options import (
     DOC_SPECIAL_TOKENS,
@@ -39,37 +42,81 @@ class InvalidInput(ValueError):
         super().__init__(f"{field}: {message}")
 
 
+Text = str | tuple[str, ...]
+"""A template's fixed text, or its segments: each encoded on its own and the ids joined, as a model
+card's reference code does where it tokenizes the pieces of its prompt separately."""
+
+
 @dataclass(frozen=True)
 class Template:
+    """``prefix`` (formatted with {instruction} and {query}; with the tokenizer's BOS where it adds
+    one) + per doc ``item_head`` + ``doc_lead`` and the doc's text + ``item_tail``. ``labels`` and
+    ``score_mode``: the defaults of a call that names none (the model card's read-out)."""
+
     name: str
-    prefix: str  # formatted with {instruction} and {query}
-    item_head: str = ""
-    item_tail: str = ""
+    prefix: Text
+    item_head: Text = ""
+    item_tail: Text = ""
     doc_lead: str = ""  # joined to the doc text before tokenizing (keeps BPE word boundaries)
     default_instruction: str = ""
+    labels: tuple[str, ...] = ()  # (): DEFAULT_LABELS
+    score_mode: str = ""  # "": softmax
+
+    def __post_init__(self) -> None:
+        fields_ = {name for seg in _segments(self.prefix) for _, name, _, _ in string.Formatter().parse(seg)}
+        if not {"query"} <= fields_ - {None} <= {"query", "instruction"} and self.name != "plain":
+            raise ValueError(
+                f"template {self.name!r}: the prefix takes {{query}} and optionally {{instruction}}"
+            )
+        if self.score_mode not in ("", *SCORE_MODES):
+            raise ValueError(f"template {self.name!r}: score_mode is not one of {', '.join(SCORE_MODES)}")
+
+    @property
+    def takes_instruction(self) -> bool:
+        return self.name == "plain" or any("{instruction}" in seg for seg in _segments(self.prefix))
 
     def prefix_text(self, query: str, instruction: str) -> str:
-        return "".join(text for text, _ in self.prefix_pieces(query, instruction))
+        return "".join(text for seg in self.prefix_pieces(query, instruction) for text, _ in seg)
 
-    def prefix_pieces(self, query: str, instruction: str) -> list[tuple[str, bool]]:
-        """The prefix as (text, from the caller) pieces: the template's own text and the
-        caller's query and instruction."""
+    def prefix_pieces(self, query: str, instruction: str) -> list[list[tuple[str, bool]]]:
+        """The prefix's segments, each as (text, from the caller) pieces: the template's own text
+        and the caller's query and instruction."""
         instruction = instruction or self.default_instruction
         if self.name == "plain":
-            return [(instruction, True), ("\n", False), (query, True)] if instruction else [(query, True)]
+            return [[(instruction, True), ("\n", False), (query, True)] if instruction else [(query, True)]]
         values = {"instruction": instruction, "query": query}
         out = []
-        for literal, name, _, _ in string.Formatter().parse(self.prefix):
-            if literal:
-                out.append((literal, False))
-            if name:
-                out.append((values[name], True))
+        for seg in _segments(self.prefix):
+            pieces = []
+            for literal, name, _, _ in string.Formatter().parse(seg):
+                if literal:
+                    pieces.append((literal, False))
+                if name:
+                    pieces.append((values[name], True))
+            out.append(pieces)
         return out
+
+
+def _segments(text: Text) -> tuple[str, ...]:
+    return (text,) if isinstance(text, str) else text
 
 
 QWEN3_SYSTEM = (
     "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the "
     'Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n'
+)
+BGE_GEMMA_PROMPT = (
+    "Given a query A and a passage B, determine whether the passage contains an answer to the query by"
+    " providing a prediction of either 'Yes' or 'No'."
+)
+MXBAI_CHAT_PREFIX = (
+    "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+    "<|im_start|>user\n"
+)
+MXBAI_TASK = (
+    "You are a search relevance expert who evaluates how well documents match search queries. For each"
+    " query-document pair, carefully analyze the semantic relationship between them, then provide your"
+    " binary relevance judgment (0 for not relevant, 1 for relevant).\nRelevance:"
 )
 TEMPLATES: dict[str, Template] = {
     "plain": Template("plain", prefix="{query}"),
@@ -81,7 +128,82 @@ TEMPLATES: dict[str, Template] = {
         doc_lead=" ",
         default_instruction="Given a web search query, retrieve relevant passages that answer the query",
     ),
+    # BAAI/bge-reranker-v2-gemma's model card (get_inputs): [bos] + "A: {query}", then per passage
+    # "\n", "B: {passage}", "\n" and the prompt, each tokenized alone; the score is the logit of
+    # "Yes" at the last token (its sigmoid with normalize=True: score_mode sigmoid)
+    "bge_reranker_gemma": Template(
+        "bge_reranker_gemma",
+        prefix="A: {query}",
+        item_head="\n",
+        doc_lead="B: ",
+        item_tail=("\n", BGE_GEMMA_PROMPT),
+        labels=("Yes",),
+        score_mode="raw",
+    ),
+    # mixedbread-ai/mxbai-rerank-base-v2 and -large-v2 (mxbai_rerank_v2.py): the chat prefix,
+    # "query: {query}", then per document "\n", "document: {document}", "\n", the task prompt and
+    # the chat suffix, each tokenized alone; the score is sigmoid(logit("1") - logit("0")), the
+    # softmax over the labels 1 and 0
+    "mxbai_rerank_v2": Template(
+        "mxbai_rerank_v2",
+        prefix=(MXBAI_CHAT_PREFIX, "query: {query}"),
+        item_head="\n",
+        doc_lead="document: ",
+        item_tail=("\n", MXBAI_TASK, "<|im_end|>\n<|im_start|>assistant\n"),
+        labels=("1", "0"),
+    ),
 }
+TEMPLATE_FIELDS = tuple(f.name for f in dataclasses.fields(Template))
+_SEGMENTED = ("prefix", "item_head", "item_tail")  # a text, or segments tokenized one at a time
+
+
+def load_template(path: str | Path) -> Template:
+    """A team's own template from a JSON or YAML file of ``Template``'s fields (``name``, ``prefix``
+    with {query} and optionally {instruction}, ``item_head``, ``item_tail``, ``doc_lead``,
+    ``default_instruction``, ``labels``, ``score_mode``; a list for a text tokenized in segments);
+    ValueError naming the file and the field at fault."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ValueError(f"template file {path}: {e}") from None
+    if path.suffix in (".yaml", ".yml"):
+        import yaml
+
+        try:
+            values = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ValueError(f"template file {path}: {e}") from None
+    else:
+        try:
+            values = json.loads(text)
+        except ValueError as e:
+            raise ValueError(f"template file {path}: {e}") from None
+    if not isinstance(values, dict):
+        raise ValueError(f"template file {path}: expected a mapping of {', '.join(TEMPLATE_FIELDS)}")
+    unknown = sorted(set(values) - set(TEMPLATE_FIELDS))
+    if unknown:
+        raise ValueError(
+            f"template file {path}: unknown field {unknown[0]!r}; fields: {', '.join(TEMPLATE_FIELDS)}"
+        )
+    for name in ("name", "prefix"):
+        if not values.get(name):
+            raise ValueError(f"template file {path}: {name} is missing")
+    for name, value in values.items():
+        texts = isinstance(value, list) and all(isinstance(v, str) for v in value)
+        if name == "labels":
+            ok, wants = texts, "a list of texts"
+        elif name in _SEGMENTED:
+            ok, wants = isinstance(value, str) or texts, "text or a list of texts"
+        else:
+            ok, wants = isinstance(value, str), "text"
+        if not ok:
+            raise ValueError(f"template file {path}: {name} is not {wants}")
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+    try:
+        return Template(**values)
+    except ValueError as e:
+        raise ValueError(f"template file {path}: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -109,6 +231,7 @@ class Limits:
     vocab_size: int
     max_doc_bytes: int = MAX_DOC_BYTES
     max_request_bytes: int = MAX_REQUEST_BYTES
+    sliding_window: int = 0  # the model's, where it bounds max_positions
 
 
 @dataclass(frozen=True, eq=False)
@@ -143,14 +266,46 @@ Peek = Callable[[tuple[int, ...], ScoreOptions], tuple[int, tuple]]
 (a hint: it may change before the call's batch is planned, and is checked then)."""
 
 
-def check_options(o: ScoreOptions) -> None:
+@dataclass(frozen=True)
+class ScoreHead:
+    """A score head's read-out (``*ForSequenceClassification``): its ``num_labels`` outputs at
+    each item's last token, ``relevant`` the index of the label a score is for. One output is read
+    against a constant 0, so that softmax over the pair is its sigmoid and ``raw`` its logit."""
+
+    architecture: str
+    num_labels: int
+    relevant: int
+
+    @property
+    def label_ids(self) -> tuple[int, ...]:
+        """The outputs the read-out takes, the relevant one first (one output: it and the 0)."""
+        if self.num_labels == 1:
+            return (0, 1)
+        return (self.relevant, *(i for i in range(self.num_labels) if i != self.relevant))
+
+    def describe(self) -> str:
+        return f"score head ({self.architecture}, {self.num_labels} label{'s' * (self.num_labels > 1)})"
+
+
+@dataclass(frozen=True)
+class Prompting:
+    """What a model's engine turns requests into ids with: its templates (the built-ins and a
+    ``--template-file``'s), the one a call naming none gets, and its score head (None: the LM
+    head, scored from label tokens)."""
+
+    templates: Mapping[str, Template] = field(default_factory=lambda: TEMPLATES)
+    default_template: str = ScoreOptions.template
+    head: ScoreHead | None = None
+
+
+def check_options(o: ScoreOptions, templates: Mapping[str, Template] = TEMPLATES) -> None:
     if o.scheme not in ("", *names()):
         raise InvalidInput(
             "options.scheme", f"unknown scheme {o.scheme!r}; expected one of {', '.join(names())}"
         )
-    if o.template not in ("", *TEMPLATES):
+    if o.template not in ("", *templates):
         raise InvalidInput(
-            "options.template", f"unknown template {o.template!r}; expected one of {', '.join(TEMPLATES)}"
+            "options.template", f"unknown template {o.template!r}; expected one of {', '.join(templates)}"
         )
     for name, allowed in (
         ("score_mode", SCORE_MODES),
@@ -209,21 +364,29 @@ def tokenize(
     mask_cap: int = 0,
     cancelled: Callable[[], bool] | None = None,
     peek: Peek | None = None,
+    prompting: Prompting = Prompting(),
 ) -> Job:
     """Validate ``req``, turn it into token ids and resolve its scheme; raises InvalidInput naming
     the field. ``budget`` and ``mask_cap``: the engine's token budget per pass and custom-mask cap,
     against which the scheme checks the shape. Sizes are checked before any tokenizing, and a doc's
     text is cut to what its token limit can use first (``max_text_chars``); ``cancelled`` is asked
     between docs (Cancelled is raised once it says so); ``peek``: what the prefix cache holds of
-    the prompt, which ``auto`` and the token count go by."""
+    the prompt, which ``auto`` and the token count go by; ``prompting``: the templates and the head.
+    The Job's options name the template and score mode the call got."""
     o = req.options
-    check_options(o)
+    check_options(o, prompting.templates)
     if not req.docs:
         raise InvalidInput("docs", "no documents to score")
     if len(req.docs) > limits.max_docs:
         raise InvalidInput("docs", f"{len(req.docs)} documents exceed the limit of {limits.max_docs}")
     check_sizes(req, limits)
-    template = TEMPLATES[o.template or ScoreOptions.template]
+    template = prompting.templates[o.template or prompting.default_template]
+    mode = o.score_mode or template.score_mode or "softmax"
+    if o.template != template.name or o.score_mode != mode:
+        req = replace(req, options=replace(o, template=template.name, score_mode=mode))
+        o = req.options
+    if req.instruction and not template.takes_instruction:
+        raise InvalidInput("instruction", f"template {template.name!r} takes no instruction")
     if req.prompt_token_ids and (req.prompt or req.instruction):
         which = "prompt" if req.prompt else "instruction"
         raise InvalidInput("prompt_token_ids", f"prompt_token_ids and {which} both set; give one")
@@ -256,11 +419,14 @@ def tokenize(
             raise InvalidInput(f"docs[{i}].text", "empty document")
         cut = max(0, len(ids) - doc_limit)
         if cut and (o.truncate or "error") == "error":
-            why = (
-                "the prompt + document exceed the model's positions"
-                if doc_limit == room
-                else "max_doc_tokens"
-            )
+            why = "max_doc_tokens"
+            if doc_limit == room:
+                why = "the prompt + document exceed the model's positions"
+                if limits.sliding_window == limits.max_positions:
+                    why = (
+                        f"the prompt + document exceed the model's sliding window of {limits.sliding_window}"
+                        " tokens; attention past it is not implemented"
+                    )
             count = f"over {len(ids)}" if text_cut else f"{len(ids)}"
             raise InvalidInput(
                 f"docs[{i}]",
@@ -271,7 +437,11 @@ def tokenize(
         doc_tokens.append(len(ids))
         truncated.append(cut)
         truncated_chars.append(text_cut)
-    labels = label_ids(o, tokenizer, limits.vocab_size)
+    labels = (
+        head_label_ids(o, prompting.head)
+        if prompting.head
+        else label_ids(o, tokenizer, limits.vocab_size, template.labels)
+    )
     cached, hint = peek(prefix, o) if peek else (0, ())
     shape = Shape(len(prefix), tuple(map(len, items)), cached)
     scheme, group = resolve(shape, o)
@@ -333,12 +503,24 @@ def longest_token_chars(tokenizer) -> int:
     return max(map(len, vocab), default=1)
 
 
-def label_ids(o: ScoreOptions, tokenizer, vocab_size: int) -> tuple[int, ...]:
-    """The label tokens as single vocabulary ids, looked up the way Qwen3-Reranker does."""
+def head_label_ids(o: ScoreOptions, head: ScoreHead) -> tuple[int, ...]:
+    """A score head's outputs the read-out takes; label options are an error: the head has no tokens."""
+    for name in ("label_tokens", "label_token_ids"):
+        if getattr(o, name):
+            raise InvalidInput(
+                f"options.{name}",
+                f"the model has a {head.describe()}: label tokens apply to a model with an LM head only",
+            )
+    return head.label_ids
+
+
+def label_ids(o: ScoreOptions, tokenizer, vocab_size: int, default: tuple[str, ...] = ()) -> tuple[int, ...]:
+    """The label tokens as single vocabulary ids, looked up the way Qwen3-Reranker does; ``default``:
+    the template's labels, for a call that names none (DEFAULT_LABELS without either)."""
     if o.label_token_ids:
         ids = _checked_ids(o.label_token_ids, vocab_size, "options.label_token_ids")
         return _distinct(ids, o, "options.label_token_ids")
-    words = o.label_tokens or DEFAULT_LABELS
+    words = o.label_tokens or default or DEFAULT_LABELS
     out = []
     for i, word in enumerate(words):
         # one entry of the vocabulary (a hash lookup: get_vocab() would build a dict of all of it,
@@ -362,8 +544,10 @@ def _distinct(ids: tuple[int, ...], o: ScoreOptions, field_name: str) -> tuple[i
         if tid in seen:
             raise InvalidInput(f"{field_name}[{i}]", f"the same token as label {seen[tid]}")
         seen[tid] = i
-    if len(ids) < 2 and o.score_mode != "logprob":
-        raise InvalidInput(field_name, "softmax needs two labels at least (or score_mode=logprob)")
+    if len(ids) < 2 and o.score_mode in ("", "softmax"):
+        raise InvalidInput(
+            field_name, "softmax needs two labels at least (or score_mode logprob, raw or sigmoid)"
+        )
     return ids
 
 
@@ -371,13 +555,20 @@ def _prefix_ids(tokenizer, template: Template, req: ScoreRequest, plain_text: bo
     """The prefix's ids: the whole text encoded at once (the reference tokenization), unless
     ``plain_text`` and the caller's query or instruction hold special-token strings: then the
     caller's pieces are encoded as plain text and the template's own pieces parsed."""
-    pieces = template.prefix_pieces(req.prompt, req.instruction)
+    segments = template.prefix_pieces(req.prompt, req.instruction)
     special = getattr(tokenizer, "added_tokens_encoder", {})
-    if not plain_text or not any(tok in text for text, caller in pieces if caller for tok in special):
-        return tuple(tokenizer.encode("".join(text for text, _ in pieces)))
+    per_piece = plain_text and any(
+        tok in text for pieces in segments for text, caller in pieces if caller for tok in special
+    )
+    if len(segments) == 1 and not per_piece:
+        return tuple(tokenizer.encode("".join(text for text, _ in segments[0])))
     ids = list(tokenizer.encode(""))  # what the tokenizer puts around any text (a BOS, or nothing)
-    for text, caller in pieces:
-        ids += _encode(tokenizer, text, split_special=caller)
+    for pieces in segments:
+        if per_piece:
+            for text, caller in pieces:
+                ids += _encode(tokenizer, text, split_special=caller)
+        else:
+            ids += _encode(tokenizer, "".join(text for text, _ in pieces))
     return tuple(ids)
 
 
@@ -387,9 +578,9 @@ def _known(tokenizer, tid: int | None, word: str) -> bool:
 
 
 @lru_cache(maxsize=64)
-def _template_ids(tokenizer, text: str) -> tuple[int, ...]:
-    """A template's fixed text around every doc, encoded once per tokenizer."""
-    return tuple(_encode(tokenizer, text))
+def _template_ids(tokenizer, text: Text) -> tuple[int, ...]:
+    """A template's fixed text around every doc (each segment alone), encoded once per tokenizer."""
+    return tuple(i for seg in _segments(text) for i in _encode(tokenizer, seg))
 
 
 def _encode(tokenizer, text: str, split_special: bool = False) -> list[int]:

@@ -21,15 +21,16 @@ from .runner import ModelRunner
 log = logging.getLogger(__name__)
 
 
-def model_kernels(name: str, backend: str, device_type: str) -> str:
+def model_kernels(name: str, backend: str, device_type: str, plain: bool = True) -> str:
     """Kernels of the model's elementwise work (see DecoderLM): ``torch`` (HF's op order and
     rounding), ``flashinfer`` (fused norm, RoPE, SiLU-and-mul) or ``fused`` (those, one QKV GEMM and
     Triton's q/k norm + RoPE); ``auto`` takes ``fused`` with FlashInfer attention on CUDA (
-    ``flashinfer`` where Triton is missing), ``torch`` otherwise."""
+    ``flashinfer`` where Triton is missing), ``torch`` otherwise, and for a model whose layers
+    those kernels do not cover (not ``plain``: Gemma's families, ``ModelConfig.plain_kernels``)."""
     if name not in MODEL_KERNELS:
         raise ValueError(f"unknown model kernels {name!r}; expected one of {', '.join(MODEL_KERNELS)}")
     if name == "auto":
-        if backend != "flashinfer" or device_type != "cuda":
+        if backend != "flashinfer" or device_type != "cuda" or not plain:
             return "torch"
         return "fused" if importlib.util.find_spec("triton") is not None else "flashinfer"
     return name
@@ -58,9 +59,9 @@ def build_engine(
     dtype = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
     path = Path(model_dir) if model_dir else ensure_tiny_model()
     mc = ModelConfig.from_hf(path)
-    spec = HeadSpec(mc.num_heads, mc.num_kv_heads, mc.head_dim, dtype, dev)
+    spec = HeadSpec(mc.num_heads, mc.num_kv_heads, mc.head_dim, dtype, dev, mc.attn_scale, mc.attn_soft_cap)
     backend = make_backend(attention_backend, spec, attention_fallback)
-    chosen = model_kernels(kernels, backend.name, dev.type)
+    chosen = model_kernels(kernels, backend.name, dev.type, mc.plain_kernels)
     model, tokenizer = load_model(path, dev, dtype, chosen, quantization)
     log.info(
         "model %s on %s (%s), attention %s, %s kernels, linears %s",

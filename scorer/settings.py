@@ -36,6 +36,7 @@ from .options import (
     PREFIX_CACHE_MODES,
     QUANTIZATIONS,
     SCORE_MODES,
+    TEMPLATE_NAMES,
     TRUNCATE_MODES,
     ScoreOptions,
 )
@@ -84,16 +85,29 @@ def _device(v):
 
 
 def _checkpoint(v):
+    """A directory the engine can load: a supported config.json, safetensors, a tokenizer."""
     if not Path(v).is_dir():
         return "is not a directory"
     if not (Path(v) / "config.json").is_file():
         return "has no config.json"
-    from .models.fp8_checkpoint import checkpoint_format
+    from .models.loader import check_checkpoint
 
     try:
-        checkpoint_format(v)  # a quantization_config the engine cannot run, named before anything loads
-    except ValueError as e:  # UnsupportedQuantization, or config.json not JSON
-        return f"cannot load: {e}"
+        check_checkpoint(v)
+    except ValueError as e:
+        return f"cannot be served: {e}"
+    return None
+
+
+def _template_file(v):
+    from .request import load_template
+
+    if not Path(v).is_file():
+        return "is not a file"
+    try:
+        load_template(v)
+    except ValueError as e:
+        return f"is not a template: {e}"
     return None
 
 
@@ -167,6 +181,29 @@ class Settings:
     )
     dtype: str | None = setting(
         None, "default: bfloat16 on cuda, float32 on cpu", choices=DTYPE_NAMES, scopes=EVERY
+    )
+    template: str = setting(
+        "",
+        "the prompt template of a call that names none: one of "
+        + ", ".join(TEMPLATE_NAMES)
+        + " or --template-file's (default: qwen3_reranker, or --template-file's when given)",
+        scopes=(SERVE, RAY),
+        metavar="NAME",
+    )
+    template_file: str | None = setting(
+        None,
+        "a template of your own: a JSON or YAML file of name, prefix (with {query}, optionally"
+        " {instruction}), item_head, item_tail, doc_lead, default_instruction, labels, score_mode",
+        scopes=EVERY,
+        metavar="FILE",
+        check=_template_file,
+    )
+    score_label: str = setting(
+        "",
+        "a score head's relevant label (a *ForSequenceClassification checkpoint of several labels):"
+        " its index, or its name in config.json's id2label (default: the last)",
+        scopes=EVERY,
+        metavar="LABEL",
     )
     model_kernels: str = setting(
         "auto",
@@ -403,6 +440,24 @@ class Settings:
                 problem = check(value) if check else None
             if problem:
                 raise ValueError(f"{flag(f.name)} ({f.name}): {value!r} {problem}")
+        self._check_model_options()
+
+    def _check_model_options(self) -> None:
+        """--template among the templates, --score-label a label of the model's score head."""
+        from .engine import prompting, score_head
+
+        try:
+            prompting(self.engine_config(), None)
+        except ValueError as e:
+            raise ValueError(f"--template (template): {e}") from None
+        if self.score_label:
+            from .config import ModelConfig
+            from .models.tiny import ensure_tiny_model
+
+            try:
+                score_head(ModelConfig.from_hf(self.model or ensure_tiny_model()), self.score_label)
+            except ValueError as e:
+                raise ValueError(f"--score-label (score_label): {e}") from None
 
     def engine_config(self) -> EngineConfig:
         from .engine import EngineConfig
@@ -414,6 +469,9 @@ class Settings:
             auto_policy=self.auto_policy,
             max_doc_bytes=self.max_doc_bytes,
             max_request_bytes=self.max_request_bytes,
+            template=self.template,
+            template_file=self.template_file or "",
+            score_label=self.score_label,
             min_cache_read_tokens=None
             if self.prefix_cache_min_read == "auto"
             else int(self.prefix_cache_min_read),
@@ -473,10 +531,12 @@ def scorer_args_model():
 REQUEST_HELP = {
     "scheme": "shared-prefix scheme (naive, ragged, cascade, multi_item, ...; docs/schemes.md), or auto"
     " (chosen by shape)",
-    "template": "prompt template (qwen3_reranker, plain, ...)",
-    "label_tokens": "label words, each a single vocabulary token (default: yes no)",
+    "label_tokens": "label words, each a single vocabulary token (default: the template's; yes no for most)",
     "label_token_ids": "label token ids instead of --label-tokens",
-    "score_mode": "softmax: P(first label) over the labels; logprob: log P(first label)",
+    "template": f"prompt template: {', '.join(TEMPLATE_NAMES)} or --template-file's (default: qwen3_reranker,"
+    " or --template-file's when given)",
+    "score_mode": "softmax: P(first label) over the labels; logprob: log P(first label); raw: the first"
+    " label's logit (a score head's output); sigmoid: its sigmoid (default: the template's, else softmax)",
     "truncate": "a doc over the limit: error, or doc_end (cut its end)",
     "max_doc_tokens": "tokens per document (0: the engine's limit)",
     "group_size": "docs per group for the grouped scheme (0: the engine's default)",
@@ -533,7 +593,7 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
         meta = {"help": REQUEST_HELP[f.name], "choices": REQUEST_CHOICES.get(f.name)}
         if f.name in REQUEST_REGISTRIES:
             meta |= {"type": _registered(REQUEST_REGISTRIES[f.name]), "metavar": "NAME"}
-        _add(parser, f.name, meta, hints[f.name], f.default)
+        _add(parser, f.name, meta, hints[f.name], "" if f.name == "template" else f.default)
 
 
 def request_options(args: argparse.Namespace) -> ScoreOptions:

@@ -10,10 +10,10 @@ import pytest
 import torch
 from fused_reference import TorchFused
 from safetensors.torch import save_file
-from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, Qwen3Config
+from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
 from scorer.attention import HeadSpec, TorchBackend
-from scorer.config import ModelConfig
+from scorer.config import CheckpointError, ModelConfig
 from scorer.models import DecoderLM, tiny
 from scorer.models.loader import load_model
 from scorer.planning import REGISTRY, Shape
@@ -116,6 +116,7 @@ CASES = {
         },
         architectures=["LlamaForCausalLM"],
     ),
+    "qwen2-qkv-bias": Qwen2Config(**SMALL, num_key_value_heads=2, architectures=["Qwen2ForCausalLM"]),
     "llama-attention-bias": LlamaConfig(
         **SMALL, num_key_value_heads=4, attention_bias=True, mlp_bias=True, architectures=["LlamaForCausalLM"]
     ),
@@ -160,18 +161,26 @@ def test_config_fields(tmp_path: Path) -> None:
         2.0,
     )
     assert ModelConfig.from_hf(CASES["qwen3-tied"]) == ModelConfig.from_hf(CASES["qwen3-tied"].to_dict())
-    with pytest.raises(ValueError, match="sliding-window"):
-        ModelConfig.from_hf(Qwen3Config(**SMALL, use_sliding_window=True, max_window_layers=1))
+    # a sliding window bounds the positions a prompt + doc may span (within it attention is full)
+    windowed = ModelConfig.from_hf(
+        Qwen3Config(
+            **SMALL, num_key_value_heads=2, use_sliding_window=True, sliding_window=64, max_window_layers=1
+        )
+    )
+    assert (windowed.sliding_window, windowed.max_positions) == (64, 64)
+    unused = ModelConfig.from_hf(Qwen3Config(**SMALL, num_key_value_heads=2, sliding_window=64))
+    assert (unused.sliding_window, unused.max_positions) == (0, unused.max_position_embeddings)
 
 
 def test_load_errors(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="config.json"):
+    with pytest.raises(CheckpointError, match="config.json"):
         load_model(tmp_path)
     AutoConfig.for_model("qwen3", **SMALL, num_key_value_heads=2).save_pretrained(tmp_path)
-    with pytest.raises(FileNotFoundError, match="safetensors"):
+    with pytest.raises(CheckpointError, match="safetensors"):
         load_model(tmp_path)
     save_file({"model.embed_tokens.weight": torch.zeros(VOCAB, 64)}, str(tmp_path / "model.safetensors"))
-    with pytest.raises(ValueError, match="missing"):
+    tiny.write_tokenizer(tmp_path)
+    with pytest.raises(CheckpointError, match="missing"):
         load_model(tmp_path)
 
 
@@ -273,7 +282,7 @@ def test_graph_buckets_cover_every_count_with_bounded_padding(max_tokens: int) -
 
 
 @pytest.mark.parametrize("kernels", ["flashinfer", "fused"])
-@pytest.mark.parametrize("case", ["qwen3-tied", "llama3-rope", "llama-attention-bias"])
+@pytest.mark.parametrize("case", ["qwen3-tied", "llama3-rope", "llama-attention-bias", "qwen2-qkv-bias"])
 def test_fused_kernel_wiring_matches_the_eager_model(
     case: str, kernels: str, tmp_path: Path, monkeypatch
 ) -> None:

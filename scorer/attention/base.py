@@ -18,10 +18,12 @@ class HeadSpec:
     head_dim: int
     dtype: torch.dtype
     device: torch.device
+    scale: float | None = None  # the softmax scale; None: head_dim ** -0.5
+    soft_cap: float = 0.0  # logits -> soft_cap * tanh(logits / soft_cap) (Gemma 2); 0: none
 
     @property
     def sm_scale(self) -> float:
-        return self.head_dim**-0.5
+        return self.head_dim**-0.5 if self.scale is None else self.scale
 
 
 class AttentionBackend(Protocol):

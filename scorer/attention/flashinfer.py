@@ -411,6 +411,8 @@ class FlashInferBackend:
         common = dict(
             causal=c.causal, sm_scale=s.sm_scale, q_data_type=s.dtype, kv_data_type=s.dtype, non_blocking=True
         )
+        if s.soft_cap:  # Gemma 2: cap * tanh(scaled logits / cap), in both wrappers' plans
+            common["logits_soft_cap"] = s.soft_cap
         heads = (s.num_qo_heads, s.num_kv_heads, s.head_dim)
         if run_slots is not None or gather is not None:
             w.plan(c.qo_indptr, c.kv_indptr, *heads, **common)

@@ -94,17 +94,20 @@ class TorchBackend:
         lse = torch.full((q1 - q0, q.shape[1]), float("-inf"), device=q.device)
         for b in blocks:
             o[b.q0 - q0 : b.q1 - q0], lse[b.q0 - q0 : b.q1 - q0] = attend(
-                q[b.q0 : b.q1], k[b.kv], v[b.kv], b.mask, self.spec.sm_scale
+                q[b.q0 : b.q1], k[b.kv], v[b.kv], b.mask, self.spec.sm_scale, self.spec.soft_cap
             )
         return o, lse
 
 
-def attend(q, k, v, mask, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Masked softmax attention in fp32 with GQA; returns output [n, H, D] and LSE [n, H]."""
+def attend(q, k, v, mask, scale: float, soft_cap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Masked softmax attention in fp32 with GQA (the scaled logits soft-capped when ``soft_cap``);
+    returns output [n, H, D] and LSE [n, H]."""
     rep = q.shape[1] // k.shape[1]
     k = k.float().repeat_interleave(rep, dim=1)
     v = v.float().repeat_interleave(rep, dim=1)
     s = torch.einsum("nhd,mhd->hnm", q.float(), k) * scale
+    if soft_cap:
+        s = torch.tanh(s / soft_cap) * soft_cap
     s = s.masked_fill(~mask, float("-inf"))
     lse = torch.logsumexp(s, dim=-1)
     out = torch.einsum("hnm,mhd->nhd", torch.exp(s - lse.unsqueeze(-1)), v)

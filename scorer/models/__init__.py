@@ -1,10 +1,6 @@
-"""Kernel-agnostic decoder LMs; `scorer.models.loader.load_model` builds one from a checkpoint dir."""
+"""Kernel-agnostic decoder LMs; `scorer.models.loader.load_model` builds one from a checkpoint dir
+(every supported architecture, ``scorer.config.SUPPORTED_ARCHITECTURES``, is one ``DecoderLM``)."""
 
 from scorer.models.decoder import AttnFn, DecoderLM
 
-MODEL_CLASSES: dict[str, type[DecoderLM]] = {
-    "Qwen3ForCausalLM": DecoderLM,
-    "LlamaForCausalLM": DecoderLM,
-}
-
-__all__ = ["MODEL_CLASSES", "AttnFn", "DecoderLM"]
+__all__ = ["AttnFn", "DecoderLM"]

@@ -1,8 +1,10 @@
-"""Decoder-only LM (Qwen3 and Llama families) over a flat token batch, with pluggable attention.
+"""Decoder-only LM (the Qwen3, Qwen2, Llama, Mistral, Gemma and Gemma 2 families) over a flat token
+batch, with pluggable attention, and the LM head or a score head (``*ForSequenceClassification``).
 
-Parameter names equal those of transformers' *ForCausalLM, so HF safetensors load as they are.
-The attention callable gets RoPE'd (and, for Qwen3, q/k-normed) heads and applies the 1/sqrt(head_dim)
-scale and whatever masking it wants itself. Each layer is two halves around attention (``layer_qkv``
+Parameter names equal those of transformers' *ForCausalLM / *ForSequenceClassification, so HF
+safetensors load as they are. The attention callable gets RoPE'd (and, for Qwen3, q/k-normed) heads
+and applies the softmax scale (``config.attn_scale``), the logit soft-cap and whatever masking it
+wants itself. Each layer is two halves around attention (``layer_qkv``
 and ``layer_finish``), so that a graph runner can replay everything but attention (``graphs.py``).
 The elementwise kernels are chosen when the model is built: ``kernels="torch"`` (HF's op order and
 rounding), ``"flashinfer"`` (FlashInfer's fused norm, RoPE and SiLU-and-mul, ``fused.py``, with
@@ -15,6 +17,7 @@ gate/up GEMM writing ``silu(g) * u`` itself, ``triton_ops.py``);
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -32,11 +35,15 @@ QKV = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float, fused: bool = False) -> None:
+    """Llama's RMSNorm (``weight * x_normed`` rounded to x's dtype first), or with ``gemma`` Gemma's
+    (``x_normed * (1 + weight)`` in fp32, then rounded)."""
+
+    def __init__(self, dim: int, eps: float, fused: bool = False, gemma: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
         self.fused = fused
+        self.gemma = gemma
         self.triton = False  # Triton's many-rows kernel instead of FlashInfer's (``DecoderLM.triton_norm``)
 
     def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -46,7 +53,7 @@ class RMSNorm(nn.Module):
             return fused.rms_norm(x, self.weight, self.eps, out)
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        y = self.weight * x32.to(x.dtype)
+        y = (x32 * (1.0 + self.weight.float())).to(x.dtype) if self.gemma else self.weight * x32.to(x.dtype)
         return y if out is None else out.copy_(y)
 
 
@@ -66,11 +73,11 @@ class Attention(nn.Module):
         self.q_proj = nn.Linear(hidden, q_size, bias=bias)
         self.k_proj = nn.Linear(hidden, kv_size, bias=bias)
         self.v_proj = nn.Linear(hidden, kv_size, bias=bias)
-        self.o_proj = nn.Linear(q_size, hidden, bias=bias)
+        self.o_proj = nn.Linear(q_size, hidden, bias=bias if config.o_bias is None else config.o_bias)
         self.qk_norm = config.qk_norm
         if self.qk_norm:
-            self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, fused)
-            self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, fused)
+            self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, fused, config.gemma)
+            self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, fused, config.gemma)
 
     def merge_qkv(self) -> None:
         """One GEMM for q, k and v: their weights become views of one tensor."""
@@ -120,7 +127,7 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(hidden, inter, bias=bias)
         self.up_proj = nn.Linear(hidden, inter, bias=bias)
         self.down_proj = nn.Linear(inter, hidden, bias=bias)
-
+        self.act_fn = ACTIVATIONS[config.hidden_act]
         self.gate_up: tuple[torch.Tensor, torch.Tensor | None] | None = None
         self.swiglu_gemm = False  # ``DecoderLM.swiglu_gemm``
 
@@ -129,9 +136,10 @@ class MLP(nn.Module):
         return self.down_proj(self.act(x))
 
     def act(self, x: torch.Tensor) -> torch.Tensor:
-        """The down projection's input, ``silu(gate(x)) * up(x)`` (merged: one GEMM, one kernel)."""
+        """The down projection's input, ``act(gate(x)) * up(x)`` (merged, SiLU only: one GEMM, one
+        kernel)."""
         if self.gate_up is None:
-            return F.silu(self.gate_proj(x)) * self.up_proj(x)
+            return self.act_fn(self.gate_proj(x)) * self.up_proj(x)
         w, b = self.gate_up
         if (
             self.swiglu_gemm
@@ -154,8 +162,13 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = Attention(config, layer_idx, fused, one_gemm)
         self.mlp = MLP(config, fused)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, fused)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, fused)
+        norm = partial(RMSNorm, config.hidden_size, config.rms_norm_eps, fused, config.gemma)
+        self.input_layernorm = norm()
+        self.post_attention_layernorm = norm()
+        self.sandwich = config.sandwich_norms
+        if self.sandwich:  # Gemma 2: post_attention_layernorm norms attention's output instead
+            self.pre_feedforward_layernorm = norm()
+            self.post_feedforward_layernorm = norm()
         self.residual_in_gemm = fused  # ``DecoderLM.residual_in_gemm``
 
     def qkv(self, h: torch.Tensor, rope: Rope, out: QKV | torch.Tensor | None = None) -> QKV:
@@ -172,6 +185,10 @@ class DecoderLayer(nn.Module):
             _gemm_add_(h, self.mlp.act(self.post_attention_layernorm(h)), self.mlp.down_proj)
             return h if out is None or out is h else out.copy_(h)
         o = self.self_attn.o_proj(attn_out.reshape(h.shape[0], -1))
+        if self.sandwich:
+            h.add_(self.post_attention_layernorm(o))
+            x = self.mlp(self.pre_feedforward_layernorm(h))
+            return torch.add(h, self.post_feedforward_layernorm(x), out=out)
         x = _add_norm(o, h, self.post_attention_layernorm)
         return torch.add(h, self.mlp(x), out=out)
 
@@ -183,7 +200,7 @@ class Backbone(nn.Module):
         self.layers = nn.ModuleList(
             DecoderLayer(config, i, fused, one_gemm) for i in range(config.num_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, fused)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, fused, config.gemma)
         self.rotary_emb = RotaryEmbedding(config)
 
 
@@ -198,10 +215,19 @@ class DecoderLM(nn.Module):
         super().__init__()
         if kernels not in MODEL_KERNELS:
             raise ValueError(f"unknown model kernels {kernels!r}; expected one of {', '.join(MODEL_KERNELS)}")
+        if kernels != "torch" and not config.plain_kernels:
+            raise ValueError(
+                f"{config.architecture} runs on the torch kernels only (FlashInfer's and Triton's fused"
+                f" ones do SiLU and Llama's RMSNorm, not its {_differences(config)}); use --model-kernels"
+                " auto or torch"
+            )
         self.config = config
         self.kernels = kernels
         self.model = Backbone(config, self.fused, one_gemm=kernels == "fused")
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.num_labels:  # a score head; no LM head
+            self.score = nn.Linear(config.hidden_size, config.num_labels, bias=False)
+        else:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
         self.triton_norm = kernels == "fused"
         self.swiglu_gemm = kernels == "fused"
@@ -279,7 +305,7 @@ class DecoderLM(nn.Module):
 
     def tie_weights(self) -> None:
         """Share lm_head with embed_tokens when the config says so."""
-        if self.config.tie_word_embeddings:
+        if self.config.tie_word_embeddings and not self.config.num_labels:
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def finalize(self) -> DecoderLM:
@@ -291,7 +317,7 @@ class DecoderLM(nn.Module):
                 layer.mlp.merge_gate_up()
                 if layer.self_attn.one_gemm:
                     layer.self_attn.merge_qkv()
-            self.model.rotary_emb.use_fused(self.lm_head.weight.device)
+            self.model.rotary_emb.use_fused(self.model.embed_tokens.weight.device)
         return self
 
     @property
@@ -300,7 +326,10 @@ class DecoderLM(nn.Module):
         return self.model.rotary_emb.cos_sin_cache is not None
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model.embed_tokens(input_ids)
+        h = self.model.embed_tokens(input_ids)
+        if self.config.gemma:  # sqrt(hidden) rounded to the weights' dtype first, as transformers does
+            h = h * torch.tensor(self.config.hidden_size**0.5).to(h.dtype)
+        return h
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> Rope:
         """The rotation of token positions [T], once per forward pass."""
@@ -326,8 +355,29 @@ class DecoderLM(nn.Module):
         return h
 
     def score_logits(self, hidden_rows: torch.Tensor) -> torch.Tensor:
-        """Final norm and lm_head on the given rows [R, hidden] only -> fp32 logits [R, vocab]."""
-        return self.lm_head(self.model.norm(hidden_rows)).float()
+        """Final norm and the head on the given rows [R, hidden] only -> fp32 logits [R, vocab] of
+        the LM head (soft-capped where the config says so), or [R, num_labels] of a score head."""
+        x = self.model.norm(hidden_rows)
+        if self.config.num_labels:
+            return self.score(x).float()
+        logits = self.lm_head(x).float()
+        cap = self.config.final_soft_cap
+        return torch.tanh(logits / cap) * cap if cap else logits
+
+
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu,
+    "gelu_pytorch_tanh": partial(F.gelu, approximate="tanh"),
+    "gelu": F.gelu,
+}
+
+
+def _differences(config: ModelConfig) -> str:
+    """What keeps a model off the fused kernels, in words."""
+    parts = [f"{config.hidden_act} MLP"] if config.hidden_act != "silu" else []
+    parts += ["RMSNorm of 1 + weight"] if config.gemma else []
+    parts += ["norms around attention's and the MLP's outputs"] if config.sandwich_norms else []
+    return ", ".join(parts)
 
 
 def _add_norm(x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm) -> torch.Tensor:

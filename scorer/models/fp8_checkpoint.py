@@ -39,6 +39,10 @@ SUPPORTED = "compressed-tensors FP8_DYNAMIC (per-channel FP8 weights, dynamic pe
 """What the refusal says loads."""
 
 
+SCALE_SUFFIXES = (".weight_scale", ".weight_scale_inv", ".input_scale")
+"""The tensors a pre-quantized checkpoint stores beside each FP8 weight."""
+
+
 class UnsupportedQuantization(ValueError):
     """The checkpoint's ``quantization_config`` names a format the engine cannot run."""
 

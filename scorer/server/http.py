@@ -47,7 +47,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 
 from ..planning import AUTO, names
-from ..request import TEMPLATES, InvalidInput, ScoreOptions
+from ..request import InvalidInput
 from ..v1 import scorer_pb2 as pb
 from .auth import ApiKeys
 from .handler import REQUEST_ID_KEY, CallHandler, MessageTooLarge, Metadata, expired_code, timeout_seconds
@@ -394,7 +394,8 @@ def build_app(
 def _info(handler: CallHandler) -> dict:
     """The same in a front-end process, which has the engine's EngineInfo and no model."""
     info, limits = handler.service.info, handler.service.engine.limits
-    template = TEMPLATES[ScoreOptions.template]
+    prompting = handler.service.engine.prompting
+    template = prompting.templates[prompting.default_template]
     versions = {p: _version(p) for p in ("scorer", "torch", "transformers", "fastapi", "uvicorn")}
     return {
         "model_id": info.model_name,  # TEI's names first
@@ -406,6 +407,7 @@ def _info(handler: CallHandler) -> dict:
         "version": versions["scorer"],
         "template": template.name,
         "default_instruction": template.default_instruction,
+        "head": info.head_kind,  # lm (label tokens), or the score head of a *ForSequenceClassification
         "limits": dataclasses.asdict(limits),
         "schemes": list(names()),
         "apis": {shape.api: path for path, shape in SHAPES.items()},

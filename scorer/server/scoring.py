@@ -128,7 +128,8 @@ def warm_up(engine: Engine) -> None:
     """Score a small request with every scheme once, so no call pays for first-use setup."""
     docs = (Doc("warm-up document", "a"), Doc("another warm-up document", "b"))
     for scheme in REGISTRY:
-        engine.score(ScoreRequest("warm-up query", docs, options=ScoreOptions(scheme=scheme)))
+        # template "": the server's default (--template, --template-file), with its labels
+        engine.score(ScoreRequest("warm-up query", docs, options=ScoreOptions(scheme=scheme, template="")))
 
 
 def process_age_s() -> float:
