@@ -48,6 +48,10 @@ class CheckpointError(ValueError):
     the option that is not supported."""
 
 
+class UnsupportedQuantization(CheckpointError):
+    """The checkpoint's ``quantization_config`` names a format the engine cannot run."""
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     architecture: str
@@ -126,7 +130,7 @@ class ModelConfig:
                 quantized.get("quant_method") if isinstance(quantized, dict) else type(quantized).__name__
             )
             if method not in QUANT_METHODS:
-                raise CheckpointError(
+                raise UnsupportedQuantization(
                     f"quantization_config.quant_method {method!r} is not supported; the engine loads"
                     f" {' and '.join(QUANT_METHODS)} FP8 checkpoints"
                 )

@@ -14,7 +14,7 @@ DTYPE_NAMES = ("float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "fp8")  # of the decoder's linear layers (models/quant.py)
 
 SCORE_MODES = ("softmax", "logprob", "raw", "sigmoid")
-TEMPLATE_NAMES = ("qwen3_reranker", "plain", "bge_reranker_gemma", "mxbai_rerank_v2")
+TEMPLATE_NAMES = ("plain", "qwen3_reranker", "bge_reranker_gemma", "mxbai_rerank_v2")
 """The built-in prompt templates (request.TEMPLATES), named here so the parser is built without them."""
 RAW_MODES = ("raw", "sigmoid")  # read the labels' logits, not log-probs over the vocabulary
 TRUNCATE_MODES = ("error", "doc_end")

@@ -10,7 +10,8 @@ from dataclasses import dataclass, replace
 import torch
 
 from .devices import to_device
-from .request import RAW_MODES, Job
+from .options import RAW_MODES
+from .request import Job
 
 
 @dataclass(frozen=True)

@@ -575,6 +575,8 @@ def _registered(names):
     arguments are parsed is accepted."""
 
     def check(value: str) -> str:
+        if not value:  # the default: the engine's (a template) or every registered one (a scheme)
+            return value
         known = names()
         if value not in known:
             raise argparse.ArgumentTypeError(f"invalid choice: {value!r} (choose from {', '.join(known)})")

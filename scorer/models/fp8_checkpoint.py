@@ -32,6 +32,8 @@ from pathlib import Path
 
 import torch
 
+from scorer.config import UnsupportedQuantization
+
 from .quant import FP8, dequantize, quantize_rows
 
 DECODER_LINEAR = re.compile(r"model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)")
@@ -41,10 +43,6 @@ SUPPORTED = "compressed-tensors FP8_DYNAMIC (per-channel FP8 weights, dynamic pe
 
 SCALE_SUFFIXES = (".weight_scale", ".weight_scale_inv", ".input_scale")
 """The tensors a pre-quantized checkpoint stores beside each FP8 weight."""
-
-
-class UnsupportedQuantization(ValueError):
-    """The checkpoint's ``quantization_config`` names a format the engine cannot run."""
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from scorer.config import CheckpointError, ModelConfig
 from scorer.models.decoder import DecoderLM
-from scorer.models.fp8_checkpoint import SCALE_SUFFIXES, UnsupportedQuantization, checkpoint_format
+from scorer.models.fp8_checkpoint import SCALE_SUFFIXES, checkpoint_format
 from scorer.models.quant import quantize_model
 from scorer.options import QUANTIZATIONS
 
@@ -28,10 +28,7 @@ def check_checkpoint(model_dir: str | Path) -> ModelConfig:
     unsupported."""
     model_dir = Path(model_dir)
     config = ModelConfig.from_hf(model_dir)
-    try:
-        fp8 = checkpoint_format(model_dir)
-    except UnsupportedQuantization as e:
-        raise CheckpointError(str(e)) from None
+    fp8 = checkpoint_format(model_dir)
     if not any(model_dir.glob("*.safetensors")):
         other = sorted(p.name for ext in ("*.bin", "*.pt") for p in model_dir.glob(ext))
         found = f" (found {', '.join(other[:3])}: convert them to safetensors)" if other else ""
