@@ -96,6 +96,16 @@ def _auto_or_count(unit: str = "", most: int | None = None):
     return check
 
 
+def _auto_or_positive(v):
+    if v == "auto":
+        return None
+    try:
+        n = int(v)
+    except ValueError:
+        return "is not a number or auto"
+    return None if n >= 1 else "is less than 1"
+
+
 def _file(v):
     return None if Path(v).is_file() else "is not a file"
 
@@ -264,6 +274,55 @@ class Settings:
         None, "HTTP: require Authorization: Bearer KEY (default: no key asked)", metavar="KEY"
     )
     max_message_bytes: int = setting(64 * 2**20, "largest request or response message", scopes=(SERVE,))
+    # the network edge (docs/limits.md)
+    max_connections: str | int = setting(
+        "auto",
+        "open connections per listener (HTTP, gRPC) of each process; at the cap a new HTTP connection"
+        " closes the one idle longest (503 when none is idle) and gRPC closes new ones; auto: half of"
+        " what the file-descriptor limit (RLIMIT_NOFILE) leaves after 128, 8 to 10,000",
+        scopes=(SERVE,),
+        metavar="N|auto",
+        check=_auto_or_positive,
+    )
+    http_keep_alive_s: float = setting(
+        5.0, "HTTP: an idle keep-alive connection is closed after this long", scopes=(SERVE,), check=_positive
+    )
+    http_header_timeout_s: float = setting(
+        10.0,
+        "HTTP: a request's headers must be complete this long after its connection opened or its last"
+        " answer (else 408 and closed); gRPC: the connection's handshake",
+        scopes=(SERVE,),
+        check=_positive,
+    )
+    http_body_timeout_s: float = setting(
+        30.0,
+        "HTTP: a request's body must arrive within this long of its headers (else 408)",
+        scopes=(SERVE,),
+        check=_positive,
+    )
+    max_header_bytes: int = setting(
+        32 * 1024, "HTTP: bytes of a request's headers in all (more: 431)", scopes=(SERVE,), check=at_least(1)
+    )
+    max_headers: int = setting(
+        100, "HTTP: header fields of a request (more: 431)", scopes=(SERVE,), check=at_least(1)
+    )
+    grpc_idle_timeout_s: float = setting(
+        300.0, "gRPC: a connection without a call this long is sent GOAWAY", scopes=(SERVE,), check=_positive
+    )
+    grpc_max_connection_age_s: float = setting(
+        0.0,
+        "gRPC: a connection older than this is sent GOAWAY, its calls given --grace-seconds to finish"
+        " (spreads clients over new replicas); 0: no limit",
+        scopes=(SERVE,),
+        check=at_least(0),
+    )
+    grpc_keepalive_s: float = setting(
+        60.0,
+        "gRPC: the server pings a connection this long quiet, and closes it when the ping is not answered"
+        " in 20 s (a client gone without closing)",
+        scopes=(SERVE,),
+        check=_positive,
+    )
     drain_seconds: float = setting(
         5.0,
         "after SIGTERM: keep serving this long with health NOT_SERVING",
@@ -336,6 +395,36 @@ class Settings:
             min_cache_read_tokens=None
             if self.prefix_cache_min_read == "auto"
             else int(self.prefix_cache_min_read),
+        )
+
+    def connections(self) -> int:
+        """``--max-connections`` as a number."""
+        from .server.limits import default_max_connections
+
+        return default_max_connections() if self.max_connections == "auto" else int(self.max_connections)
+
+    def grpc_options(self) -> list[tuple[str, int]]:
+        from .server.limits import grpc_options
+
+        return grpc_options(
+            self.connections(),
+            self.http_header_timeout_s,
+            self.grpc_idle_timeout_s,
+            self.grpc_max_connection_age_s,
+            self.grace_seconds,
+            self.grpc_keepalive_s,
+        )
+
+    def http_limits(self):
+        from .server.http_edge import HttpLimits
+
+        return HttpLimits(
+            self.connections(),
+            self.http_keep_alive_s,
+            self.http_header_timeout_s,
+            self.http_body_timeout_s,
+            self.max_header_bytes,
+            self.max_headers,
         )
 
     def batch_policy(self):

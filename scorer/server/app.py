@@ -33,6 +33,7 @@ from . import loops
 from .calls import Inflight, RequestIdFilter
 from .frontends import frontend_count, serve_split
 from .handler import CallHandler
+from .limits import limit_accept_log
 from .scoring import ScoringService, process_age_s, ready_engine
 from .servicer import ScorerServicer
 
@@ -76,6 +77,7 @@ def configure_logging(level: str, prefix: str = "") -> None:
     handler.addFilter(RequestIdFilter())
     handler.setFormatter(logging.Formatter(prefix + LOG_FORMAT))
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    limit_accept_log()  # out of descriptors, asyncio logs each failed accept: one line per 10 s instead
 
 
 class _Signals:
@@ -154,6 +156,7 @@ def grpc_server(
             ("grpc.max_receive_message_length", 2 * args.max_message_bytes),
             ("grpc.max_send_message_length", args.max_message_bytes),
             ("grpc.so_reuseport", int(reuse_port)),
+            *args.grpc_options(),  # connection cap, handshake, idle, age, keepalive (limits.py)
         ],
     )
     server.add_generic_rpc_handlers((scorer_handlers(servicer),))
@@ -190,7 +193,13 @@ async def _start_http(
 
     try:
         http = await start_http(
-            handler, serving, args.host, args.http_port, args.api_key, reuse_port=reuse_port
+            handler,
+            serving,
+            args.host,
+            args.http_port,
+            args.api_key,
+            reuse_port=reuse_port,
+            limits=args.http_limits(),
         )
     except OSError as e:
         raise CannotListen(f"HTTP port {args.host}:{args.http_port}: {e.strerror}") from None
