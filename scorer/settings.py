@@ -278,8 +278,8 @@ class Settings:
     max_connections: str | int = setting(
         "auto",
         "open connections per listener (HTTP, gRPC) of each process; at the cap a new HTTP connection"
-        " closes the one idle longest (503 when none is idle) and gRPC closes new ones; auto: half of"
-        " what the file-descriptor limit (RLIMIT_NOFILE) leaves after 128, 8 to 10,000",
+        " closes an idle one (503 when none is idle) and gRPC closes new ones; auto: a quarter of what"
+        " the file-descriptor limit (RLIMIT_NOFILE) leaves after 128, 8 to 10,000",
         scopes=(SERVE,),
         metavar="N|auto",
         check=_auto_or_positive,

@@ -560,6 +560,8 @@ async def start_http(
         build_app(handler, serving, api_key, default_timeout_s, body_timeout_s=limits.body_timeout_s),
         http=functools.partial(EdgeProtocol, edge=Edge(limits)),
         timeout_keep_alive=limits.keep_alive_s,
+        # asyncio accepts up to the backlog in one go before any connection can be closed at the cap
+        backlog=min(2048, limits.max_connections),
         log_config=None,
         log_level=None,
         access_log=False,

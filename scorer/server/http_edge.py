@@ -5,10 +5,11 @@ uvicorn has none of these: its ``limit_concurrency`` answers 503 to requests but
 connections open for good, and its keep-alive timer only runs between requests, so a connection
 that never sends a request, or sends its headers a byte a second, is kept. ``EdgeProtocol``:
 
-- at ``max_connections`` open, a new connection closes the one idle longest (no request in
-  progress: between keep-alive requests or still sending its first headers), as nginx reuses its
-  keep-alive connections; when every open connection has a request in progress, the new one is
-  answered 503 and closed at once;
+- at ``max_connections`` open, a new connection closes an idle one (no request in progress),
+  as nginx reuses its keep-alive connections: the one open longest of those that never completed
+  a request (the idle and slow-header floods), else the one idle longest between keep-alive
+  requests (whose client reconnects); when every open connection has a request in progress, the
+  new one is answered 503 and closed at once;
 - a connection whose request headers are not complete ``header_timeout_s`` after it opened (or
   after its last response) is closed, with a 408 when it had sent part of them;
 - headers over ``max_header_bytes`` in all, or more than ``max_headers`` fields, are answered 431
@@ -54,12 +55,30 @@ class _Refuse(Exception):
 
 
 class Edge:
-    """What the connections of one server share: the limits, and the idle ones, longest idle first."""
+    """What the connections of one server share: the limits, and the idle ones, longest idle
+    first: those that never completed a request (``fresh``), and those kept alive after one."""
 
     def __init__(self, limits: HttpLimits) -> None:
         self.limits = limits
-        self.idle: OrderedDict[EdgeProtocol, None] = OrderedDict()
+        self.fresh: OrderedDict[EdgeProtocol, None] = OrderedDict()
+        self.kept: OrderedDict[EdgeProtocol, None] = OrderedDict()
         self.refusals = RateLimitedLog()
+
+    def idle(self, conn: EdgeProtocol, served: bool) -> None:
+        (self.kept if served else self.fresh)[conn] = None
+
+    def busy(self, conn: EdgeProtocol) -> None:
+        self.fresh.pop(conn, None)
+        self.kept.pop(conn, None)
+
+    def is_idle(self, conn: EdgeProtocol) -> bool:
+        return conn in self.fresh or conn in self.kept
+
+    def to_evict(self) -> EdgeProtocol | None:
+        for idle in (self.fresh, self.kept):
+            if idle:
+                return next(iter(idle))
+        return None
 
 
 def closed(reason: str) -> None:
@@ -77,15 +96,15 @@ class EdgeProtocol(HttpToolsProtocol):
         self._header_count = 0
         self._header_timer: asyncio.TimerHandle | None = None
         self._refused = False
+        self._served = False  # a request of this connection's answered
 
     # -- the cap
 
     def connection_made(self, transport) -> None:
         limits = self.edge.limits
         if len(self.connections) >= limits.max_connections:
-            if self.edge.idle:
-                oldest = next(iter(self.edge.idle))
-                oldest._close("evicted")
+            if (idle := self.edge.to_evict()) is not None:
+                idle._close("evicted")
             else:  # every connection has a request in progress
                 self.transport = transport
                 self._answer(503, "over_cap", f"over --max-connections {limits.max_connections}")
@@ -100,7 +119,7 @@ class EdgeProtocol(HttpToolsProtocol):
         self._waiting()
 
     def connection_lost(self, exc) -> None:
-        self.edge.idle.pop(self, None)
+        self.edge.busy(self)
         self._cancel_timer()
         if self.connections is not None and self in self.connections:
             super().connection_lost(exc)
@@ -112,13 +131,12 @@ class EdgeProtocol(HttpToolsProtocol):
     def _waiting(self) -> None:
         """No request in progress: idle from now on, the next one's headers due in time."""
         self._header_bytes = self._header_count = 0
-        self.edge.idle[self] = None
-        self.edge.idle.move_to_end(self)
+        self.edge.idle(self, self._served)
         self._cancel_timer()
         self._header_timer = self.loop.call_later(self.edge.limits.header_timeout_s, self._header_timeout)
 
     def _busy(self) -> None:
-        self.edge.idle.pop(self, None)
+        self.edge.busy(self)
         self._cancel_timer()
 
     def _cancel_timer(self) -> None:
@@ -136,7 +154,7 @@ class EdgeProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return
-        waiting = self in self.edge.idle
+        waiting = self.edge.is_idle(self)
         if waiting:
             self._header_bytes += len(data)
         try:
@@ -145,7 +163,7 @@ class EdgeProtocol(HttpToolsProtocol):
             self._answer(r.status, r.reason, r.message)
             return
         limit = self.edge.limits.max_header_bytes
-        if waiting and self in self.edge.idle and self._header_bytes > limit:
+        if waiting and self.edge.is_idle(self) and self._header_bytes > limit:
             self._answer(431, "headers_too_large", f"request headers over {limit} bytes")
 
     def on_message_begin(self) -> None:
@@ -163,6 +181,7 @@ class EdgeProtocol(HttpToolsProtocol):
         super().on_headers_complete()
 
     def on_response_complete(self) -> None:
+        self._served = True
         super().on_response_complete()
         request_in_progress = self.cycle is not None and not self.cycle.response_complete  # pipelined
         if not self.transport.is_closing() and not request_in_progress:
@@ -186,7 +205,7 @@ class EdgeProtocol(HttpToolsProtocol):
 
     def _close(self, reason: str) -> None:
         self._refused = True
-        self.edge.idle.pop(self, None)
+        self.edge.busy(self)
         self._cancel_timer()
         closed(reason)
         self.transport.close()
@@ -194,7 +213,7 @@ class EdgeProtocol(HttpToolsProtocol):
     def _answer(self, status: int, reason: str, message: str) -> None:
         """Answer ``status`` with a JSON error and close the connection (no request reached the app)."""
         self._refused = True
-        self.edge.idle.pop(self, None)
+        self.edge.busy(self)
         self._cancel_timer()
         closed(reason)
         code = {503: "UNAVAILABLE", 408: "DEADLINE_EXCEEDED"}.get(status, "INVALID_ARGUMENT")

@@ -6,10 +6,11 @@ a bounded log of the accept loop's failures.
 Every open connection holds a file descriptor; one process that runs out can accept nothing more,
 and asyncio's accept loop then logs ``socket.accept() out of system resource`` at every retry (a
 server under ``ulimit -n 300`` with 400 idle connections wrote 92 MB of it in 24 s). The cap keeps
-the HTTP and the gRPC listener each under half of what the limit leaves, and ``AcceptLogLimit``
-keeps whatever failures remain to one line per interval with a count. ``http_edge.py`` enforces
-the HTTP side (cap, header and body deadlines, header sizes); docs/limits.md lists every limit
-and what a client sees.
+the HTTP and the gRPC listener each under a quarter of what the limit leaves (a listener accepts
+up to the cap more in one burst before it can close any: HTTP's accept backlog is the cap), and
+``AcceptLogLimit`` keeps whatever failures remain to one line per interval with a count.
+``http_edge.py`` enforces the HTTP side (cap, header and body deadlines, header sizes);
+docs/limits.md lists every limit and what a client sees.
 """
 
 from __future__ import annotations
@@ -29,13 +30,14 @@ FEWEST_CONNECTIONS = 8
 
 
 def default_max_connections(nofile: int | None = None) -> int:
-    """Connections per listener (HTTP, gRPC) of one process: half of what the soft RLIMIT_NOFILE
-    leaves after ``RESERVED_FDS``, within ``FEWEST_CONNECTIONS``..``MOST_CONNECTIONS``."""
+    """Connections per listener (HTTP, gRPC) of one process: a quarter of what the soft
+    RLIMIT_NOFILE leaves after ``RESERVED_FDS`` (each listener's open connections and one burst
+    of accepts), within ``FEWEST_CONNECTIONS``..``MOST_CONNECTIONS``."""
     if nofile is None:
         nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if nofile == resource.RLIM_INFINITY:
         return MOST_CONNECTIONS
-    return max(FEWEST_CONNECTIONS, min(MOST_CONNECTIONS, (nofile - RESERVED_FDS) // 2))
+    return max(FEWEST_CONNECTIONS, min(MOST_CONNECTIONS, (nofile - RESERVED_FDS) // 4))
 
 
 def grpc_options(
