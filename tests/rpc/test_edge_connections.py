@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import select
 import socket
 import statistics
 import time
@@ -120,6 +121,14 @@ def _closed_by_server(sock: socket.socket) -> bytes:
     return data
 
 
+def _at_eof(sock: socket.socket) -> bool:
+    """Has the server closed ``sock`` (which select says is readable)?"""
+    try:
+        return sock.recv(65536) == b""
+    except ConnectionResetError:
+        return True
+
+
 def _grpc_call(stub) -> None:
     request = pb.ScoreDocsRequest(prompt=QUERY, docs=[pb.Doc(text=d) for d in DOCS])
     stub.ScoreDocs(request, timeout=60)
@@ -183,6 +192,31 @@ def test_idle_and_slow_header_connections_beyond_the_cap_leave_normal_calls_serv
             assert grown < 8192, proc.log()[-3000:]
     finally:
         for sock in opened:
+            sock.close()
+        assert proc.stop() == 0, proc.log()[-3000:]
+
+
+def test_grpc_closes_connections_over_the_cap_as_it_accepts_them(scorer_cache, server_logs):
+    """20 connections that never start HTTP/2 against a gRPC cap of 4 per process and a 60 s
+    handshake deadline: all but the cap's are closed at once; the established channel is served."""
+    args = ["--max-connections", "4", "--http-header-timeout-s", "60"]
+    proc = start_server(scorer_cache, server_logs, args)
+    socks: list[socket.socket] = []
+    try:
+        with proc.channel() as channel:
+            stub = scorer_pb2_grpc.ScorerStub(channel)
+            _grpc_call(stub)
+            socks = _idle(proc.port, 20)
+            processes = len(_tree(proc.proc.pid)) - 1 or 1  # the front ends, else this one
+            open_ = set(socks)
+            deadline = time.monotonic() + 30
+            while len(open_) > 4 * processes and time.monotonic() < deadline:
+                readable, _, _ = select.select(list(open_), [], [], 1.0)
+                open_ -= {s for s in readable if _at_eof(s)}  # the others got the server's SETTINGS
+            assert len(open_) <= 4 * processes, len(open_)
+            _grpc_call(stub)
+    finally:
+        for sock in socks:
             sock.close()
         assert proc.stop() == 0, proc.log()[-3000:]
 
