@@ -21,8 +21,15 @@ counted and logged like any bad call. An error is a JSON body ``{message, field,
 and ``X-Cache-Salt`` are the prefix-cache options of the gRPC call. With an API key set,
 the POST routes and /info want ``Authorization: Bearer <key>`` (401 otherwise, before any work).
 
-``start_http`` serves the app with uvicorn on the running event loop (``scorer serve --http-port``);
-the Ray deployment serves ``build_app`` as its Serve ingress.
+The body is read in pieces: refused (413) by its Content-Length before a byte of it is read, or as
+soon as the bytes read pass ``--max-message-bytes``; one that does not arrive within
+``--http-body-timeout-s`` is 408. A client that closes its connection before its answer cancels its
+call as gRPC's cancel does (a queued call leaves the queue unscored), counted CANCELLED and logged
+499.
+
+``start_http`` serves the app with uvicorn on the running event loop (``scorer serve --http-port``),
+its connections within ``http_edge``'s limits (docs/limits.md); the Ray deployment serves
+``build_app`` as its Serve ingress.
 """
 
 from __future__ import annotations

@@ -95,7 +95,7 @@ class EdgeProtocol(HttpToolsProtocol):
         self._header_bytes = 0
         self._header_count = 0
         self._header_timer: asyncio.TimerHandle | None = None
-        self._refused = False
+        self._refused = False  # closing, or past bytes that do not parse: nothing more is read
         self._served = False  # a request of this connection's answered
 
     # -- the cap
@@ -107,7 +107,7 @@ class EdgeProtocol(HttpToolsProtocol):
                 idle._close("evicted")
             else:  # every connection has a request in progress
                 self.transport = transport
-                self._answer(503, "over_cap", f"over --max-connections {limits.max_connections}")
+                self._close("over_cap", 503, f"over --max-connections {limits.max_connections}")
                 if count := self.edge.refusals.due():
                     self.logger.warning(
                         "HTTP: %d connections refused over --max-connections %d (every open one busy)",
@@ -121,10 +121,7 @@ class EdgeProtocol(HttpToolsProtocol):
     def connection_lost(self, exc) -> None:
         self.edge.busy(self)
         self._cancel_timer()
-        if self.connections is not None and self in self.connections:
-            super().connection_lost(exc)
-        elif self.transport is not None:
-            self.transport.close()
+        super().connection_lost(exc)
 
     # -- between requests: idle, the header deadline and sizes
 
@@ -147,7 +144,7 @@ class EdgeProtocol(HttpToolsProtocol):
     def _header_timeout(self) -> None:
         self._header_timer = None
         if self._header_bytes:
-            self._answer(408, "header_timeout", "request headers not complete in time")
+            self._close("header_timeout", 408, "request headers not complete in time")
         else:
             self._close("idle_timeout")
 
@@ -160,11 +157,11 @@ class EdgeProtocol(HttpToolsProtocol):
         try:
             super().data_received(data)
         except _Refuse as r:
-            self._answer(r.status, r.reason, r.message)
+            self._close(r.reason, r.status, r.message)
             return
         limit = self.edge.limits.max_header_bytes
         if waiting and self.edge.is_idle(self) and self._header_bytes > limit:
-            self._answer(431, "headers_too_large", f"request headers over {limit} bytes")
+            self._close("headers_too_large", 431, f"request headers over {limit} bytes")
 
     def on_message_begin(self) -> None:
         self._header_count = 0
@@ -203,26 +200,28 @@ class EdgeProtocol(HttpToolsProtocol):
 
     # -- closing
 
-    def _close(self, reason: str) -> None:
+    def _close(self, reason: str, status: int | None = None, message: str = "") -> None:
+        """Close the connection (counted under ``reason``), answering ``status`` with a JSON error
+        first when given (no request of it reached the app)."""
         self._refused = True
         self.edge.busy(self)
         self._cancel_timer()
         closed(reason)
+        if status is not None:
+            self.transport.write(_error_response(status, message))
         self.transport.close()
 
-    def _answer(self, status: int, reason: str, message: str) -> None:
-        """Answer ``status`` with a JSON error and close the connection (no request reached the app)."""
-        self._refused = True
-        self.edge.busy(self)
-        self._cancel_timer()
-        closed(reason)
-        code = {503: "UNAVAILABLE", 408: "DEADLINE_EXCEEDED"}.get(status, "INVALID_ARGUMENT")
-        field = "headers" if status == 431 else ""
-        body = json.dumps({"message": message, "field": field, "code": code, "request_id": ""}).encode()
-        phrase = {503: "Service Unavailable", 408: "Request Timeout", 431: "Request Header Fields Too Large"}
-        head = (
-            f"HTTP/1.1 {status} {phrase[status]}\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
-        )
-        self.transport.write(head.encode() + body)
-        self.transport.close()
+
+PHRASES = {503: "Service Unavailable", 408: "Request Timeout", 431: "Request Header Fields Too Large"}
+CODES = {503: "UNAVAILABLE", 408: "DEADLINE_EXCEEDED", 431: "INVALID_ARGUMENT"}
+
+
+def _error_response(status: int, message: str) -> bytes:
+    """An HTTP/1.1 answer with the routes' error body, closing the connection."""
+    field = "headers" if status == 431 else ""
+    body = json.dumps({"message": message, "field": field, "code": CODES[status], "request_id": ""})
+    head = (
+        f"HTTP/1.1 {status} {PHRASES[status]}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    )
+    return (head + body).encode()
