@@ -118,6 +118,14 @@ FRONTEND_RESTARTS = Counter(
     "Front-end processes (scorer serve --frontends) that died and were started again.",
     registry=REGISTRY,
 )
+HTTP_CONNECTIONS_CLOSED = Counter(
+    "scorer_http_connections_closed_total",
+    "HTTP connections the server closed at its limits, by reason: evicted (idle, for a new one at"
+    " --max-connections), over_cap (every open one busy: 503), idle_timeout, header_timeout (408),"
+    " headers_too_large (431), malformed (bytes that do not parse: 400).",
+    ["reason"],
+    registry=REGISTRY,
+)
 PREFIX_CACHE_HIT_TOKENS = Counter(
     "scorer_prefix_cache_hit_tokens_total",
     "Prompt tokens whose K/V the prefix cache held for a batch: read instead of computed, unless the"

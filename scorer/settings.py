@@ -134,6 +134,16 @@ def _auto_policy(v):
     return None if v in AUTO_POLICIES else f"is not one of {', '.join(AUTO_POLICIES)}"
 
 
+def _auto_or_positive(v):
+    if v == "auto":
+        return None
+    try:
+        n = int(v)
+    except ValueError:
+        return "is not a number or auto"
+    return None if n >= 1 else "is less than 1"
+
+
 def _file(v):
     return None if Path(v).is_file() else "is not a file"
 
@@ -372,6 +382,55 @@ class Settings:
         scopes=(SERVE,),
     )
     max_message_bytes: int = setting(64 * 2**20, "largest request or response message", scopes=(SERVE,))
+    # the network edge (docs/limits.md)
+    max_connections: str | int = setting(
+        "auto",
+        "open connections per listener (HTTP, gRPC) of each process; at the cap a new HTTP connection"
+        " closes an idle one (503 when none is idle) and gRPC closes new ones; auto: a quarter of what"
+        " the file-descriptor limit (RLIMIT_NOFILE) leaves after 128, 8 to 10,000",
+        scopes=(SERVE,),
+        metavar="N|auto",
+        check=_auto_or_positive,
+    )
+    http_keep_alive_s: float = setting(
+        5.0, "HTTP: an idle keep-alive connection is closed after this long", scopes=(SERVE,), check=_positive
+    )
+    http_header_timeout_s: float = setting(
+        10.0,
+        "HTTP: a request's headers must be complete this long after its connection opened or its last"
+        " answer (else 408 and closed); gRPC: the connection's handshake",
+        scopes=(SERVE,),
+        check=_positive,
+    )
+    http_body_timeout_s: float = setting(
+        30.0,
+        "HTTP: a request's body must arrive within this long of its headers (else 408)",
+        scopes=(SERVE,),
+        check=_positive,
+    )
+    max_header_bytes: int = setting(
+        32 * 1024, "HTTP: bytes of a request's headers in all (more: 431)", scopes=(SERVE,), check=at_least(1)
+    )
+    max_headers: int = setting(
+        100, "HTTP: header fields of a request (more: 431)", scopes=(SERVE,), check=at_least(1)
+    )
+    grpc_idle_timeout_s: float = setting(
+        300.0, "gRPC: a connection without a call this long is sent GOAWAY", scopes=(SERVE,), check=_positive
+    )
+    grpc_max_connection_age_s: float = setting(
+        0.0,
+        "gRPC: a connection older than this is sent GOAWAY, its calls given --grace-seconds to finish"
+        " (spreads clients over new replicas); 0: no limit",
+        scopes=(SERVE,),
+        check=at_least(0),
+    )
+    grpc_keepalive_s: float = setting(
+        60.0,
+        "gRPC: the server pings a connection this long quiet, and closes it when the ping is not answered"
+        " in 20 s (a client gone without closing)",
+        scopes=(SERVE,),
+        check=_positive,
+    )
     drain_seconds: float = setting(
         5.0,
         "after SIGTERM: keep serving this long with health NOT_SERVING",

@@ -64,12 +64,15 @@ class DeadlinePassed(Exception):
     """The call's deadline passed before its answer."""
 
 
+DECIMAL = re.compile(r"[0-9]+(\.[0-9]+)?")
+
+
 def timeout_seconds(ms: str) -> float | None:
-    """An ``x-timeout-ms`` value in seconds; None when it is not a positive number of milliseconds."""
-    try:
-        value = float(ms)
-    except ValueError:
+    """An ``x-timeout-ms`` value in seconds; None when it is not a positive plain decimal number of
+    milliseconds (``float`` alone would take ``1_000``, `` 100 ``, ``1e3`` and ``nan``)."""
+    if not DECIMAL.fullmatch(ms):
         return None
+    value = float(ms)
     return value / 1e3 if 0 < value < math.inf else None
 
 

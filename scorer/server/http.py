@@ -21,8 +21,15 @@ counted and logged like any bad call. An error is a JSON body ``{message, field,
 and ``X-Cache-Salt`` are the prefix-cache options of the gRPC call. With an API key set,
 the POST routes and /info want ``Authorization: Bearer <key>`` (401 otherwise, before any work).
 
-``start_http`` serves the app with uvicorn on the running event loop (``scorer serve --http-port``);
-the Ray deployment serves ``build_app`` as its Serve ingress.
+The body is read in pieces: refused (413) by its Content-Length before a byte of it is read, or as
+soon as the bytes read pass ``--max-message-bytes``; one that does not arrive within
+``--http-body-timeout-s`` is 408. A client that closes its connection before its answer cancels its
+call as gRPC's cancel does (a queued call leaves the queue unscored), counted CANCELLED and logged
+499.
+
+``start_http`` serves the app with uvicorn on the running event loop (``scorer serve --http-port``),
+its connections within ``http_edge``'s limits (docs/limits.md); the Ray deployment serves
+``build_app`` as its Serve ingress.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import contextlib
 import dataclasses
 import functools
 import importlib.metadata
+import logging
 import math
 import re
 import socket
@@ -43,17 +51,32 @@ from typing import Annotated, Any
 import grpc
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
+from starlette.requests import ClientDisconnect
 
 from ..planning import AUTO, names
 from ..request import InvalidInput
 from ..v1 import scorer_pb2 as pb
 from .auth import ApiKeys
-from .handler import REQUEST_ID_KEY, CallHandler, MessageTooLarge, Metadata, expired_code, timeout_seconds
+from .handler import (
+    REQUEST_ID_KEY,
+    CallHandler,
+    DeadlinePassed,
+    MessageTooLarge,
+    Metadata,
+    expired_code,
+    timeout_seconds,
+)
+from .http_edge import MALFORMED, Edge, EdgeProtocol, HttpLimits
+
+log = logging.getLogger(__name__)
 
 COHERE_MAX_TOKENS_PER_DOC = 4096
 """Cohere's default ``max_tokens_per_doc``."""
+UINT32_MAX = 2**32 - 1
+"""The largest ``top_n`` and ``max_doc_tokens`` the call's message holds."""
+CLIENT_CLOSED = 499  # nginx's status for a request whose client closed the connection
 STATUS = {
     grpc.StatusCode.OK: 200,
     grpc.StatusCode.INVALID_ARGUMENT: 400,
@@ -191,16 +214,20 @@ SHAPES = {
 }
 
 
+VISIBLE = re.compile(r"[^\s\x00-\x1f\x7f-\x9f]")
+"""A character that is neither white space nor a control character: text without one is empty."""
+
+
 def _score_request(
     query: str, docs: list[str], field: str, truncate: str, max_doc_tokens: int, top_n: int
 ) -> pb.ScoreDocsRequest:
-    if not query.strip():
-        raise InvalidInput("query", "empty query")
+    if not VISIBLE.search(query):
+        raise InvalidInput("query", "empty query (only white space or control characters)")
     if not docs:
         raise InvalidInput(field, "no documents to score")
     for i, doc in enumerate(docs):
-        if not doc.strip():
-            raise InvalidInput(f"{field}[{i}]", "empty document")
+        if not VISIBLE.search(doc):
+            raise InvalidInput(f"{field}[{i}]", "empty document (only white space or control characters)")
     options = pb.ScoreOptions(scheme=AUTO, truncate=truncate, max_doc_tokens=max_doc_tokens, top_n=top_n)
     return pb.ScoreDocsRequest(prompt=query, docs=[pb.Doc(text=d) for d in docs], options=options)
 
@@ -210,6 +237,8 @@ def _positive(value: int | None, field: str, default: int) -> int:
         return default
     if value < 1:
         raise InvalidInput(field, f"{value} is not a positive integer")
+    if value > UINT32_MAX:
+        raise InvalidInput(field, f"{value} is over {UINT32_MAX}")
     return value
 
 
@@ -232,6 +261,61 @@ def _validated(shape: Shape, body: bytes) -> _Body:
 
 
 # One call through the handler.
+
+
+class ClientGone(asyncio.CancelledError):
+    """The client closed its connection before its answer: the call is cancelled as gRPC's cancel
+    does (counted CANCELLED, logged 499)."""
+
+
+class BodyTimeout(DeadlinePassed):
+    """The body did not arrive within ``--http-body-timeout-s`` (408, counted DEADLINE_EXCEEDED)."""
+
+
+async def read_body(request: Request, limit: int | None, timeout_s: float) -> bytes:
+    """The request's body, read in pieces as it arrives: MessageTooLarge as soon as its
+    Content-Length, or the bytes read, pass ``limit`` (no more is read); BodyTimeout when it is
+    not complete within ``timeout_s``; ClientGone when the client closes the connection first;
+    InvalidInput when bytes after it do not parse (``http_edge.MALFORMED``)."""
+    length = request.headers.get("content-length", "")
+    if limit is not None and length.isdigit() and int(length) > limit:
+        raise MessageTooLarge(f"Content-Length {int(length)} over --max-message-bytes {limit}")
+    body = bytearray()
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                body += chunk
+                if limit is not None and len(body) > limit:
+                    raise MessageTooLarge(f"over --max-message-bytes {limit} ({len(body)} bytes read)")
+    except TimeoutError:
+        raise BodyTimeout(f"not received within --http-body-timeout-s {timeout_s:g}") from None
+    except ClientDisconnect:
+        raise ClientGone() from None
+    if malformed := request.scope.get(MALFORMED):
+        raise InvalidInput("body", malformed)
+    return bytes(body)
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has closed the connection (the body read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_gone(call: asyncio.Task, request: Request):
+    """``call``'s result; ClientGone, with ``call`` cancelled (a queued call leaves the queue
+    unscored), when the client closes the connection first."""
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({call, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not call.done():  # the client left, or this task is cancelled (a shutdown past its grace)
+            call.cancel()
+    if not call.done():
+        await asyncio.wait({call})  # the handler counts and logs it
+        raise ClientGone()
+    return call.result()
 
 
 class Failed(Exception):
@@ -295,6 +379,8 @@ class HttpFront:
         """(message, field, HTTP status) in the API's terms."""
         if isinstance(exc, MessageTooLarge):
             return f"body: {message}", "body", 413
+        if isinstance(exc, BodyTimeout):
+            return f"body: {message}", "body", 408
         if not isinstance(exc, InvalidInput):
             return message, "", STATUS.get(code, 500)
         field = _http_field(exc.field, self.shape.docs)
@@ -331,9 +417,11 @@ def build_app(
     api_key: ApiKeys | str | None = None,
     default_timeout_s: float | None = None,
     echo_request_id: bool = True,
+    body_timeout_s: float = HttpLimits.body_timeout_s,
 ) -> FastAPI:
     """The routes over ``handler``; ``serving()`` answers /health; ``default_timeout_s`` is the
-    deadline of a call without ``X-Timeout-Ms``. ``echo_request_id`` False: a proxy in front writes
+    deadline of a call without ``X-Timeout-Ms``; ``body_timeout_s`` the longest a body may take
+    to arrive. ``echo_request_id`` False: a proxy in front writes
     the ``X-Request-Id`` answer header (Ray Serve's, which also puts its own id in the request's
     header when the client sent none, so the call, its log lines and the answer share one id)."""
     app = FastAPI(title="scorer", docs_url=None, redoc_url=None, openapi_url=None)
@@ -353,23 +441,37 @@ def build_app(
         if not authorized(request):
             return unauthorized()
         front = HttpFront(shape, request.headers, default_timeout_s)
-        raw = await request.body()
+        unread: BaseException | None = None
+        try:
+            raw = await read_body(request, handler.max_message_bytes, body_timeout_s)
+        except (MessageTooLarge, BodyTimeout, InvalidInput, ClientGone) as e:
+            raw, unread = b"", e  # answered and counted as the call's failure, in the handler
         parsed: list[_Body] = []
 
         def build() -> pb.ScoreDocsRequest:
             front.check_headers()
-            limit = handler.max_message_bytes
-            if limit is not None and len(raw) > limit:
-                raise MessageTooLarge(f"{len(raw)} bytes over --max-message-bytes {limit}")
+            if unread is not None:
+                raise unread
             parsed.append(_validated(shape, raw))
             return front.options(shape.to_request(parsed[0]))
 
-        try:  # the handler answers DEADLINE_EXCEEDED (504) once X-Timeout-Ms passes
-            reply = await handler.score_docs(build, front)
-        except Failed as f:
-            return _error(
-                f.status, f.code.name, f.message, f.field, front.answer_id, id_header(front.answer_id)
+        # the handler answers DEADLINE_EXCEEDED (504) once X-Timeout-Ms passes
+        call = asyncio.ensure_future(handler.score_docs(build, front))
+        try:
+            reply = await (call if unread is not None else _unless_gone(call, request))
+        except ClientGone:
+            log.info(
+                "%s %d: the client closed the connection",
+                request.url.path,
+                CLIENT_CLOSED,
+                extra={"request_id": front.answer_id or "-"},
             )
+            return Response(status_code=CLIENT_CLOSED)
+        except Failed as f:
+            headers = id_header(front.answer_id) or {}
+            if unread is not None and f.status in (408, 413):  # the rest of the body is not read
+                headers["connection"] = "close"
+            return _error(f.status, f.code.name, f.message, f.field, front.answer_id, headers)
         return JSONResponse(shape.to_response(parsed[0], reply), headers=id_header(front.answer_id))
 
     for path, shape in SHAPES.items():
@@ -458,14 +560,21 @@ async def start_http(
     api_key: ApiKeys | str | None = None,
     default_timeout_s: float | None = None,
     reuse_port: bool = False,
+    limits: HttpLimits | None = None,
 ) -> HttpServer:
     """Serve the rerank routes on ``host:port`` (0: a free port, see ``.port``) on this event loop;
     raises OSError when the port cannot be bound. ``reuse_port``: beside other processes' servers on
-    the same port (front-end processes)."""
+    the same port (front-end processes). ``limits``: connections, deadlines and header sizes
+    (``http_edge``)."""
+    limits = limits or HttpLimits()
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.create_server((host, port), family=family, reuse_port=reuse_port)
     config = uvicorn.Config(
-        build_app(handler, serving, api_key, default_timeout_s),
+        build_app(handler, serving, api_key, default_timeout_s, body_timeout_s=limits.body_timeout_s),
+        http=functools.partial(EdgeProtocol, edge=Edge(limits)),
+        timeout_keep_alive=limits.keep_alive_s,
+        # asyncio accepts up to the backlog in one go before any connection can be closed at the cap
+        backlog=min(2048, limits.max_connections),
         log_config=None,
         log_level=None,
         access_log=False,

@@ -26,11 +26,13 @@ from .. import metrics
 from ..engine import Engine
 from ..settings import Settings
 from ..v1 import scorer_pb2
+from . import limits
 from .auth import load_keys, metrics_guard
 from .batcher import BatchPolicy
 from .calls import Inflight, RequestIdFilter
 from .debug import DebugKnobs
 from .handler import CallHandler
+from .limits import default_max_connections, limit_accept_log
 from .scoring import ScoringService, process_age_s, ready_engine
 from .servicer import ScorerServicer
 
@@ -52,6 +54,7 @@ def configure_logging(level: str, prefix: str = "") -> None:
     handler.addFilter(RequestIdFilter())
     handler.setFormatter(logging.Formatter(prefix + LOG_FORMAT))
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    limit_accept_log()  # out of descriptors, asyncio logs each failed accept: one line per 10 s instead
 
 
 class Signals:
@@ -80,6 +83,7 @@ def grpc_server(
             ("grpc.max_receive_message_length", 2 * args.max_message_bytes),
             ("grpc.max_send_message_length", args.max_message_bytes),
             ("grpc.so_reuseport", int(reuse_port)),
+            *grpc_options(args),  # connection cap, handshake, idle, age, keepalive (limits.py)
         ],
     )
     server.add_generic_rpc_handlers((scorer_handlers(servicer),))
@@ -116,7 +120,13 @@ async def listen_http(
 
     try:
         http = await start_http(
-            handler, serving, args.host, args.http_port, handler.keys, reuse_port=reuse_port
+            handler,
+            serving,
+            args.host,
+            args.http_port,
+            handler.keys,
+            reuse_port=reuse_port,
+            limits=http_limits(args),
         )
     except OSError as e:
         raise CannotListen(f"HTTP port {args.host}:{args.http_port}: {e.strerror}") from None
@@ -142,6 +152,37 @@ def serve_metrics(args: Settings, multiprocess_dir: str | None = None):
         return metrics.serve_http(args.metrics_port, args.host, multiprocess_dir, metrics_guard(args))
     except OSError as e:
         raise CannotListen(f"metrics port {args.host}:{args.metrics_port}: {e.strerror}") from None
+
+
+def connections(s: Settings) -> int:
+    """``--max-connections`` as a number."""
+    return default_max_connections() if s.max_connections == "auto" else int(s.max_connections)
+
+
+def grpc_options(s: Settings) -> list[tuple[str, int]]:
+    """The gRPC server's connection cap, handshake, idle, age and keepalive (``limits.grpc_options``)."""
+    return limits.grpc_options(
+        connections(s),
+        s.http_header_timeout_s,
+        s.grpc_idle_timeout_s,
+        s.grpc_max_connection_age_s,
+        s.grace_seconds,
+        s.grpc_keepalive_s,
+    )
+
+
+def http_limits(s: Settings):
+    """The HTTP edge's limits (``http_edge.HttpLimits``)."""
+    from .http_edge import HttpLimits  # the HTTP stack is imported only with --http-port
+
+    return HttpLimits(
+        connections(s),
+        s.http_keep_alive_s,
+        s.http_header_timeout_s,
+        s.http_body_timeout_s,
+        s.max_header_bytes,
+        s.max_headers,
+    )
 
 
 def batch_policy(s: Settings) -> BatchPolicy:

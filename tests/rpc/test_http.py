@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import signal
 import socket
@@ -24,6 +25,8 @@ import grpc
 import httpx
 import pytest
 from grpc_health.v1.health import aio as health_aio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict
 from rpc_harness import free_port, start_server
 
@@ -35,7 +38,8 @@ from scorer.runtime import build_engine
 from scorer.server.batcher import BatchPolicy
 from scorer.server.debug import DebugKnobs
 from scorer.server.handler import CallHandler
-from scorer.server.http import log_odds, start_http
+from scorer.server.http import SHAPES, UINT32_MAX, log_odds, start_http
+from scorer.server.http_edge import HttpLimits
 from scorer.server.lifecycle import grpc_server
 from scorer.server.scoring import ScoringService
 from scorer.server.servicer import ScorerServicer
@@ -65,18 +69,23 @@ class Live:
     server and the HTTP routes."""
 
     def __init__(
-        self, engine: Engine | None, policy: BatchPolicy, knobs: DebugKnobs | None = None, api_key=None
+        self,
+        engine: Engine | None,
+        policy: BatchPolicy,
+        knobs: DebugKnobs | None = None,
+        api_key=None,
+        limits: HttpLimits | None = None,
     ) -> None:
         self.serving = engine is not None
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.run(self._start(engine, policy, knobs, api_key))
+        self.run(self._start(engine, policy, knobs, api_key, limits))
 
     def run(self, coro, timeout: float = 60.0):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
-    async def _start(self, engine, policy, knobs, api_key) -> None:
+    async def _start(self, engine, policy, knobs, api_key, limits) -> None:
         self.handler = CallHandler(max_message_bytes=MAX_BODY)
         if engine is not None:
             self.handler.service = ScoringService(engine, policy, knobs)
@@ -85,8 +94,11 @@ class Live:
             Settings(port=0), ScorerServicer(self.handler), health_aio.HealthServicer()
         )
         await self.grpc.start()
-        self.http = await start_http(self.handler, lambda: self.serving, "127.0.0.1", 0, api_key)
-        self.url = f"http://127.0.0.1:{self.http.port}"
+        self.http = await start_http(
+            self.handler, lambda: self.serving, "127.0.0.1", 0, api_key, limits=limits
+        )
+        self.port = self.http.port
+        self.url = f"http://127.0.0.1:{self.port}"
 
     async def _stop(self) -> None:
         await self.http.stop(5)
@@ -320,6 +332,12 @@ BAD = {  # case: (path, body, field)
     "a body that is not JSON": ("/v2/rerank", "query=q", "body"),
     "an empty body": ("/v1/rerank", "", "body"),
     "a JSON array": ("/rerank", "[1, 2]", "body"),
+    "a NUL query": ("/v2/rerank", {"query": "\u0000", **D}, "query"),
+    "a query of control characters": ("/rerank", {"query": "\u0001\t\u007f\u009f", "texts": DOCS}, "query"),
+    "a control-only document": ("/v1/rerank", {**Q, "documents": ["a", "\u0000\u0000"]}, "documents[1]"),
+    "top_n 2^32": ("/v2/rerank", {**Q, **D, "top_n": 2**32}, "top_n"),
+    "top_n 2^63": ("/v1/rerank", {**Q, **D, "top_n": 2**63}, "top_n"),
+    "max_tokens_per_doc 2^32": ("/v2/rerank", {**Q, **D, "max_tokens_per_doc": 2**32}, "max_tokens_per_doc"),
 }  # fmt: skip
 BAD_HEADERS = {  # case: (headers, field)
     "X-Request-Id with a space": ({"X-Request-Id": "a b"}, "X-Request-Id"),
@@ -327,6 +345,10 @@ BAD_HEADERS = {  # case: (headers, field)
     "X-Timeout-Ms not a number": ({"X-Timeout-Ms": "soon"}, "X-Timeout-Ms"),
     "X-Timeout-Ms negative": ({"X-Timeout-Ms": "-5"}, "X-Timeout-Ms"),
     "X-Prefix-Cache neither on nor off": ({"X-Prefix-Cache": "maybe"}, "X-Prefix-Cache"),
+    "X-Timeout-Ms with an underscore": ({"X-Timeout-Ms": "1_000"}, "X-Timeout-Ms"),
+    "X-Timeout-Ms with a sign": ({"X-Timeout-Ms": "+100"}, "X-Timeout-Ms"),
+    "X-Timeout-Ms in hex": ({"X-Timeout-Ms": "0x10"}, "X-Timeout-Ms"),
+    "X-Timeout-Ms in exponent form": ({"X-Timeout-Ms": "1e3"}, "X-Timeout-Ms"),
 }
 TOO_LARGE = {  # case: (path, body, field)
     "more docs than --max-docs": ("/v2/rerank", {**Q, "documents": ["d"] * 17}, "documents"),
@@ -669,3 +691,222 @@ def test_the_prefix_cache_headers_are_the_calls_options(scorer_cache):
         assert reply.status_code == 400 and reply.json()["field"] == "X-Cache-Salt", reply.text
     finally:
         server.close()
+
+
+# Integers of every shape
+
+
+def _int_fields(shape) -> list[str]:
+    return [name for name, f in shape.body.model_fields.items() if f.annotation == int | None]
+
+
+INT_FIELDS = [(path, name) for path, shape in SHAPES.items() for name in _int_fields(shape)]
+EDGE_NUMBERS = (-(2**63), -1, 0, 1, 2**31 - 1, 2**31, UINT32_MAX, 2**32, 2**63, 2**64, 1e30, 1.5, -0.0, 2.0)
+
+
+def test_every_integer_field_of_every_shape_is_in_the_property_test():
+    assert INT_FIELDS == [
+        ("/v2/rerank", "top_n"),
+        ("/v2/rerank", "max_tokens_per_doc"),
+        ("/v1/rerank", "top_n"),
+    ]
+
+
+@pytest.mark.parametrize("path, field", INT_FIELDS)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    value=st.one_of(
+        st.sampled_from(EDGE_NUMBERS),
+        st.booleans(),
+        st.none(),
+        st.integers(-(2**70), 2**70),
+        st.floats(allow_nan=False, allow_infinity=False),
+    )
+)
+def test_an_integer_field_answers_200_or_400_naming_it_never_500(live, path, field, value):
+    body = {**Q, **D, field: value} if path != "/rerank" else {**Q, "texts": DOCS, field: value}
+    reply = live.post(path, body)
+    valid = value is None or (type(value) is int and 1 <= value <= UINT32_MAX)
+    assert reply.status_code == (200 if valid else 400), (value, reply.text)
+    if not valid:
+        assert reply.json()["field"] == field
+
+
+# A client that hangs up
+
+
+def _raw_post(port: int, path: str, body: bytes, headers: str = "") -> socket.socket:
+    """A POST sent on a socket of its own, its answer unread."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n{headers}\r\n"
+    )
+    sock.sendall(head.encode() + body)
+    return sock
+
+
+def _wait(condition, timeout: float = 30.0) -> bool:
+    """Poll ``condition`` until it holds (the timeout only bounds a failing test)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+@pytest.fixture
+def stuck(engine):
+    """Every forward batch takes 5 s, on the forward thread: a call that arrives during one stays
+    queued meanwhile."""
+    policy = BatchPolicy(max_wait_s=0.0, loop_path_gaps=math.inf)  # forwards off the event loop
+    server = Live(engine, policy, DebugKnobs(forward_delay_s=5.0))
+    yield server
+    server.close()
+
+
+def test_a_client_that_hangs_up_cancels_its_queued_call_in_each_shape(stuck, caplog):
+    """A call queued behind a batch in its forward, whose client then closes the connection, leaves
+    the queue unscored (the batcher counts it dropped, cancelled) and is counted CANCELLED, with
+    499 in the log: through each HTTP shape."""
+    live = stuck
+    caplog.set_level(logging.INFO, logger="scorer.server.http")
+    batcher = live.handler.service.batcher
+    dropped = _sample("scorer_requests_dropped_total", reason="cancelled")
+    cancelled = {api: _count(api, "CANCELLED") for api in ("cohere", "jina", "tei")}
+    launched = _sample("scorer_batch_requests_count")
+    with ThreadPoolExecutor(1) as pool:
+        blocker = pool.submit(live.post, "/rerank", {**Q, "texts": DOCS[:1]})
+        assert _wait(lambda: _sample("scorer_batch_requests_count") == launched + 1)  # in its forward
+        bodies = {
+            "/v2/rerank": {**Q, **D},
+            "/v1/rerank": {**Q, **D},
+            "/rerank": {**Q, "texts": DOCS},
+        }
+        socks = [_raw_post(live.port, path, json.dumps(body).encode()) for path, body in bodies.items()]
+        assert _wait(lambda: batcher.depth == 3), batcher.depth  # all three queued behind it
+        for sock in socks:
+            sock.close()
+        assert _wait(lambda: _sample("scorer_requests_dropped_total", reason="cancelled") == dropped + 3), (
+            _sample("scorer_requests_dropped_total", reason="cancelled") - dropped,
+            batcher.depth,
+            live.handler.inflight.count,
+        )
+        assert batcher.depth == 0
+        assert _wait(lambda: all(_count(api, "CANCELLED") == n + 1 for api, n in cancelled.items()))
+        assert blocker.result(60).status_code == 200  # the batch in its forward is not disturbed
+    assert _sample("scorer_batch_requests_count") == launched + 1  # and none other ran
+    assert sum(" 499: the client closed the connection" in r.getMessage() for r in caplog.records) == 3
+
+
+# Sizes: the body, the headers
+
+
+def test_a_body_over_the_limit_is_refused_by_its_content_length_before_it_is_read(live):
+    before = _count("cohere", "RESOURCE_EXHAUSTED")
+    sock = socket.create_connection(("127.0.0.1", live.port), timeout=30)
+    with sock:  # the headers only: the answer comes without a byte of the body
+        sock.sendall(f"POST /v2/rerank HTTP/1.1\r\nHost: t\r\nContent-Length: {300 * 2**20}\r\n\r\n".encode())
+        answer = _read_answer(sock)
+    assert answer.startswith(b"HTTP/1.1 413 "), answer
+    assert b"connection: close" in answer.lower()
+    error = json.loads(answer.split(b"\r\n\r\n", 1)[1])
+    assert error["field"] == "body" and "Content-Length 314572800" in error["message"]
+    assert _count("cohere", "RESOURCE_EXHAUSTED") == before + 1
+
+
+def _read_answer(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    chunks = []
+    while chunk := sock.recv(65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_a_chunked_body_is_refused_once_it_passes_the_limit(live):
+    """No Content-Length: the body is read in pieces and refused as soon as it passes the limit,
+    while the client is still sending."""
+    before = _count("jina", "RESOURCE_EXHAUSTED")
+    sock = socket.create_connection(("127.0.0.1", live.port), timeout=30)
+    chunk = b"x" * 16384
+    sent = 0
+    with sock:
+        sock.sendall(b"POST /v1/rerank HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n")
+        try:
+            while sent < 100 * MAX_BODY:  # the server answers long before this
+                sock.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                sent += len(chunk)
+                if sent > 2 * MAX_BODY and _count("jina", "RESOURCE_EXHAUSTED") == before + 1:
+                    break
+        except OSError:  # the server closed the connection after its answer
+            pass
+    assert _count("jina", "RESOURCE_EXHAUSTED") == before + 1
+    assert sent < 100 * MAX_BODY
+
+
+def test_a_body_that_does_not_arrive_in_time_is_408(engine):
+    server = Live(engine, BatchPolicy(), limits=HttpLimits(body_timeout_s=0.5))
+    try:
+        before = _count("tei", "DEADLINE_EXCEEDED")
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+            sock.sendall(b"POST /rerank HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n{")
+            answer = _read_answer(sock)  # the server's deadline ends the wait
+        assert answer.startswith(b"HTTP/1.1 408 "), answer
+        assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["field"] == "body"
+        assert _count("tei", "DEADLINE_EXCEEDED") == before + 1
+    finally:
+        server.close()
+
+
+def _closed_total(reason: str) -> float:
+    return _sample("scorer_http_connections_closed_total", reason=reason)
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        pytest.param(b"X-Big: " + b"a" * 2**20 + b"\r\n", id="a 1 MB header"),
+        pytest.param(b"".join(b"X-%d: v\r\n" % i for i in range(20_000)), id="20,000 headers"),
+    ],
+)
+def test_headers_over_their_limits_are_431_before_the_app(live, headers):
+    before = _closed_total("headers_too_large")
+    inflight = live.handler.inflight.count
+    with socket.create_connection(("127.0.0.1", live.port), timeout=30) as sock:
+        try:
+            sock.sendall(
+                b"POST /v2/rerank HTTP/1.1\r\nHost: t\r\n" + headers + b"Content-Length: 2\r\n\r\n{}"
+            )
+            answer = _read_answer(sock)
+        except ConnectionResetError:  # refused before all of it was sent: the answer may be lost
+            answer = None
+    assert _closed_total("headers_too_large") == before + 1
+    if answer is not None:
+        assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+    assert live.handler.inflight.count == inflight
+    assert httpx.get(live.url + "/health").status_code == 200
+
+
+def test_a_content_length_shorter_than_the_body_is_answered_400_and_counted_so(live):
+    """The bytes after the declared body do not parse as a request: the client gets the call's
+    own 400 (not uvicorn's plain one beside a call counted otherwise), counted once, and the
+    connection closes."""
+    before = {code: _count("cohere", code) for code in ("INVALID_ARGUMENT", "CANCELLED", "OK")}
+    body = json.dumps({**Q, **D}).encode()
+    with socket.create_connection(("127.0.0.1", live.port), timeout=30) as sock:
+        head = f"POST /v2/rerank HTTP/1.1\r\nHost: t\r\nContent-Length: {len(body) - 10}\r\n\r\n"
+        sock.sendall(head.encode() + body)
+        answer = _read_answer(sock)
+    assert answer.count(b"HTTP/1.1 ") == 1 and answer.startswith(b"HTTP/1.1 400 "), answer
+    error = json.loads(answer.split(b"\r\n\r\n", 1)[1])
+    assert error["field"] == "body" and error["code"] == "INVALID_ARGUMENT"
+    assert {code: _count("cohere", code) for code in before} == {
+        **before,
+        "INVALID_ARGUMENT": before["INVALID_ARGUMENT"] + 1,
+    }
+
+
+def test_x_timeout_ms_takes_a_plain_decimal(live):
+    reply = live.post("/v2/rerank", {**Q, **D}, headers={"X-Timeout-Ms": "30000.5"})
+    assert reply.status_code == 200, reply.text
