@@ -14,13 +14,18 @@ pytest.importorskip("flashinfer")
 if torch.cuda.get_device_capability() < (8, 9):
     pytest.skip("FP8 GEMMs need compute capability 8.9+", allow_module_level=True)
 
-from test_flashinfer_engine import SCHEMES, TOL, scores  # noqa: E402
+from test_flashinfer_engine import SCHEMES, scores  # noqa: E402
 
 from scorer.engine import EngineConfig  # noqa: E402
 from scorer.models.quant import Fp8Linear, quantize_rows, reference_mm  # noqa: E402
 from scorer.runtime import build_engine  # noqa: E402
 
 BF16 = torch.bfloat16
+FP8_TOL = 0.2
+"""FP8's own rounding in a score: every scheme against FP8 naive differed by 0.06-0.11 log-prob on
+an H100 (this checkpoint; the same with torch, FlashInfer or fused kernels, eager or graphed), where
+bf16 differs by 0.01-0.02: a bf16 difference in an activation moves it across an FP8 rounding
+boundary, which per-token scaling then carries into the whole row."""
 
 
 @pytest.mark.parametrize("rows", [1, 37, 4096])
@@ -33,9 +38,14 @@ def test_scaled_mm_is_the_cpu_reference_on_the_same_fp8_values(rows):
     x = (torch.randn(rows, 512, generator=g) * 3).to(BF16)
     qx, sx = quantize_rows(x.cuda())
     cq, cs = quantize_rows(x)
-    assert torch.equal(qx.cpu().view(torch.uint8), cq.view(torch.uint8)) and torch.equal(sx.cpu(), cs)
+    assert torch.equal(sx.cpu(), cs)  # the same absmax, the same division
+    # x / scale rounds to FP8 on either side of a tie by device (measured on an H100: rows of 37 of
+    # 512 values differ in a few elements): at most one FP8 step apart, and rarely
+    gq, cq32 = qx.cpu().float(), cq.float()
+    assert ((gq - cq32).abs() <= cq32.abs() * 2**-3 + 2**-9).all()
+    assert (gq != cq32).float().mean() < 0.01
     got = fp8(x.cuda()).float().cpu()
-    want = reference_mm(cq, cs, fp8.weight.cpu(), fp8.weight_scale.cpu())
+    want = reference_mm(qx.cpu(), sx.cpu(), fp8.weight.cpu(), fp8.weight_scale.cpu())
     # bf16 output: 2^-8 of the value, plus the fp32 accumulation's order
     torch.testing.assert_close(got, want, rtol=2**-7, atol=1e-3 * want.abs().max().item())
 
@@ -91,13 +101,13 @@ def fp8_scores(fp8_gpu) -> dict[str, list[float]]:
 def test_fp8_gpu_scores_match_the_cpu_reference(scheme, fp8_scores, fp8_cpu):
     ref = scores(fp8_cpu, "naive")
     worst = max(abs(a - b) for a, b in zip(fp8_scores[scheme], ref, strict=True))
-    assert worst < TOL, f"{scheme}: max |fp8 gpu - fp8 cpu reference| = {worst:.4f}"
+    assert worst < FP8_TOL, f"{scheme}: max |fp8 gpu - fp8 cpu reference| = {worst:.4f}"
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_every_scheme_scores_as_fp8_naive(scheme, fp8_scores):
     worst = max(abs(a - b) for a, b in zip(fp8_scores[scheme], fp8_scores["naive"], strict=True))
-    assert worst < TOL, f"{scheme}: max |{scheme} - naive| in FP8 = {worst:.4f}"
+    assert worst < FP8_TOL, f"{scheme}: max |{scheme} - naive| in FP8 = {worst:.4f}"
 
 
 def test_fp8_scores_with_the_prefix_cache(checkpoint, fp8_scores):
@@ -111,5 +121,5 @@ def test_fp8_scores_with_the_prefix_cache(checkpoint, fp8_scores):
         scores(engine, scheme)  # writes the prompts
         got = scores(engine, scheme)  # reads them
         worst = max(abs(a - b) for a, b in zip(got, fp8_scores["naive"], strict=True))
-        assert worst < TOL, f"{scheme} on the prefix cache: max |fp8 - fp8 naive| = {worst:.4f}"
+        assert worst < FP8_TOL, f"{scheme} on the prefix cache: max |fp8 - fp8 naive| = {worst:.4f}"
     assert engine.cache.stats["hit_tokens"] > 0
