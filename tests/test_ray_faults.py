@@ -176,7 +176,9 @@ def test_a_replica_killed_under_load_fails_its_calls_in_time_and_serves_again(sl
     }, failed
     died = [c for c in calls if c.code == DIED_CODE]
     assert died and all(DIED.match(c.future.details()) for c in died), {c.future.details() for c in died}
-    assert all(c.sent < killed for c in died)
+    # a call sent after the kill may still be routed to the dead replica until HAProxy's health check
+    # sees it gone (seen on a loaded 2-core host); none sent once a new replica answered may die
+    assert all(c.sent < recovered for c in died)
     (new_pid,) = replica_pids(SLOW)
     assert new_pid != pid
     last = [c for c in calls if c.sent > calls[-1].sent - 2.0]

@@ -148,6 +148,15 @@ def test_every_snippet_of_the_page_runs_as_written(page, server):
             assert done.stdout == snippet.output, f"{snippet} printed:\n{done.stdout}"
 
 
+def test_no_run_snippet_installs_into_the_tests_environment():
+    """A snippet that installs packages would change the environment every later test runs in (an
+    upgraded huggingface_hub broke transformers' requirement): such a block is marked not run."""
+    installs = [
+        str(s) for p in PAGES for s in runnable(p) if re.search(r"\b(pip|uv|apt-get) install\b", s.code)
+    ]
+    assert not installs, installs
+
+
 def test_few_snippets_are_not_run_and_each_says_why():
     skipped = [s for p in PAGES for s in snippets(p) if s.not_run is not None]
     assert len(skipped) <= MOST_NOT_RUN, [str(s) for s in skipped]
