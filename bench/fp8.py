@@ -41,7 +41,7 @@ from scorer.models.quant import quantize_model
 from scorer.runner import ModelRunner
 
 from .e2e import build_model
-from .throughput import MODELS, calls, embedded_tokenizer, engine_system
+from .throughput import MODELS, batches, calls, embedded_tokenizer, engine_system
 from .timing import environment, write_json
 
 THROUGHPUT = {"qwen3-0.6b": ("A", "E"), "qwen3-8b": ("A", "B"), "smoke": ("A",)}
@@ -71,23 +71,11 @@ def engine(model, device: torch.device, budget: int, fp32: bool = False) -> Engi
 def score_all(e: Engine, reqs, budget: int) -> list[list[tuple[float, tuple[float, ...]]]]:
     """Per call, (score, label log-probs) of each doc in input order; batches of ``budget`` tokens."""
     out = []
-    for batch in full_batches_all([e.tokenize(r) for r in reqs], budget):
+    for batch in batches([e.tokenize(r) for r in reqs], budget):
         for r in e.score_batch(batch):
             docs = sorted(r.results, key=lambda d: d.index)
             out.append([(d.score, tuple(d.label_logprobs)) for d in docs])
     return out
-
-
-def full_batches_all(jobs: list, budget: int) -> list[list]:
-    """Every job in batches of at most ``budget`` tokens (the last one kept, unlike ``full_batches``)."""
-    out, cur, n = [], [], 0
-    for job in jobs:
-        if cur and n + job.tokens > budget:
-            out.append(cur)
-            cur, n = [], 0
-        cur.append(job)
-        n += job.tokens
-    return out + ([cur] if cur else [])
 
 
 def _ranks(xs: list[float]) -> list[float]:

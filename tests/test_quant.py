@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from test_prefix_cache import request
 
 from scorer import cli
 from scorer.attention import HeadSpec, TorchBackend
@@ -32,7 +33,7 @@ from scorer.models.quant import (
 from scorer.models.tiny import ensure_tiny_model
 from scorer.planning import REGISTRY
 from scorer.prefix_cache import PrefixCache
-from scorer.request import Doc, ScoreOptions, ScoreRequest
+from scorer.request import ScoreRequest
 from scorer.runner import ModelRunner
 from scorer.settings import Settings, scorer_args_model
 
@@ -82,15 +83,6 @@ def fake_quantized(path: Path, round_weights: bool = True) -> Engine:
                     linear.weight.data = dequantize(*quantize_rows(linear.weight))
                 linear.register_forward_pre_hook(round_input)
     return engine_of(model, tokenizer)
-
-
-def request(prompt, docs, scheme="auto", **options) -> ScoreRequest:
-    return ScoreRequest(
-        prompt="",
-        prompt_token_ids=tuple(prompt),
-        docs=[Doc(token_ids=tuple(d), id=f"d{i}") for i, d in enumerate(docs)],
-        options=ScoreOptions(scheme=scheme, template="plain", **options),
-    )
 
 
 def random_request(seed: int, scheme: str = "auto", **options) -> ScoreRequest:
