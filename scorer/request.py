@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import string
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -29,6 +30,8 @@ from .planning import Scheme, Shape, names
 from .planning.base import MAX_ITEM_LEN, PlanError
 
 MAX_CACHE_SALT = 256  # characters
+VISIBLE = re.compile(r"[^\s\x00-\x1f\x7f-\x9f]")
+"""A character that is neither white space nor a control character: text without one is empty."""
 MAX_LABELS = 64  # label_tokens or label_token_ids: each doc's answer carries a log-prob per label
 MAX_DOC_ID = 256  # UTF-8 bytes of a doc's id, which its answer echoes
 DEFAULT_LABELS = ("yes", "no")
@@ -392,10 +395,10 @@ def tokenize(
         raise InvalidInput("prompt_token_ids", f"prompt_token_ids and {which} both set; give one")
     if req.prompt_token_ids:
         prefix = _checked_ids(req.prompt_token_ids, limits.vocab_size, "prompt_token_ids")
-    elif req.prompt.strip():
+    elif VISIBLE.search(req.prompt):
         prefix = _prefix_ids(tokenizer, template, req, (o.special_tokens or "parse") == "text")
     else:
-        raise InvalidInput("prompt", "empty prompt")
+        raise InvalidInput("prompt", "empty prompt (only white space or control characters)")
     head, tail = _template_ids(tokenizer, template.item_head), _template_ids(tokenizer, template.item_tail)
     room = min(limits.max_positions - len(prefix), MAX_ITEM_LEN) - len(head) - len(tail)
     if room < 1:
@@ -411,12 +414,12 @@ def tokenize(
         text_cut = 0
         if doc.token_ids:
             ids = _checked_ids(doc.token_ids, limits.vocab_size, f"docs[{i}].token_ids")
-        elif doc.text.strip():
+        elif VISIBLE.search(doc.text):
             text_cut = max(0, len(doc.text) - max_text_chars(tokenizer, doc_limit))
             text = doc.text[: len(doc.text) - text_cut]
             ids = tuple(_encode(tokenizer, template.doc_lead + text, split_special))
         else:
-            raise InvalidInput(f"docs[{i}].text", "empty document")
+            raise InvalidInput(f"docs[{i}].text", "empty document (only white space or control characters)")
         cut = max(0, len(ids) - doc_limit)
         if cut and (o.truncate or "error") == "error":
             why = "max_doc_tokens"

@@ -43,7 +43,10 @@ def test_an_error_in_the_last_chunk_prints_no_result_and_scores_nothing(tmp_path
     path = write(tmp_path, *[{"text": f"doc {i}"} for i in range(299)], {"text": ""})
     rc, out, err = score(capsys, path)
     assert rc == 2 and out == [] and not launched
-    assert err.strip().splitlines()[-1] == "error: docs[299].text: empty document"
+    assert (
+        err.strip().splitlines()[-1]
+        == "error: docs[299].text: empty document (only white space or control characters)"
+    )
 
 
 def test_a_null_or_missing_id_is_the_index_and_a_number_its_json_text(tmp_path, capsys):

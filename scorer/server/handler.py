@@ -60,6 +60,10 @@ class MessageTooLarge(Exception):
     """A request, or the answer it asks for, over ``--max-message-bytes``."""
 
 
+class AnswerTooLarge(MessageTooLarge):
+    """The answer a call asks for over ``--max-message-bytes`` (estimated before any work, or measured)."""
+
+
 class DeadlinePassed(Exception):
     """The call's deadline passed before its answer."""
 
@@ -321,7 +325,7 @@ class CallHandler:
     def _check_answer(self, size: int, verb: str) -> None:
         limit = self.max_message_bytes
         if limit is not None and size > limit:
-            raise MessageTooLarge(
+            raise AnswerTooLarge(
                 f"the answer {verb} {size} bytes, over --max-message-bytes {limit}: ask for fewer docs"
                 " (top_n), labels or label log-probs, or shorter doc ids"
             )

@@ -56,11 +56,12 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 from starlette.requests import ClientDisconnect
 
 from ..planning import AUTO, names
-from ..request import InvalidInput
+from ..request import VISIBLE, InvalidInput
 from ..v1 import scorer_pb2 as pb
 from .auth import ApiKeys
 from .handler import (
     REQUEST_ID_KEY,
+    AnswerTooLarge,
     CallHandler,
     DeadlinePassed,
     MessageTooLarge,
@@ -212,10 +213,6 @@ SHAPES = {
     "/v1/rerank": Shape("jina", "documents", JinaRerank, jina_request, jina_response),
     "/rerank": Shape("tei", "texts", TeiRerank, tei_request, tei_response),
 }
-
-
-VISIBLE = re.compile(r"[^\s\x00-\x1f\x7f-\x9f]")
-"""A character that is neither white space nor a control character: text without one is empty."""
 
 
 def _score_request(
@@ -377,6 +374,8 @@ class HttpFront:
 
     def _explain(self, code: grpc.StatusCode, message: str, exc: Exception) -> tuple[str, str, int]:
         """(message, field, HTTP status) in the API's terms."""
+        if isinstance(exc, AnswerTooLarge):  # the request is fine; what it asks for is not
+            return f"answer: {message}", "answer", 413
         if isinstance(exc, MessageTooLarge):
             return f"body: {message}", "body", 413
         if isinstance(exc, BodyTimeout):

@@ -23,6 +23,8 @@ BAD_INPUTS = {
     "no docs": (req(docs=()), INVALID, "docs"),
     "empty prompt and no docs": (req(prompt="", docs=()), INVALID, "docs"),
     "empty doc": (req(docs=(DOC, pb.Doc(id="x"))), INVALID, "docs[1].text"),
+    "control-only prompt": (req(prompt="\u0000"), INVALID, "prompt"),
+    "control-only doc": (req(docs=(DOC, pb.Doc(text="\u0000\x7f "))), INVALID, "docs[1].text"),
     "more docs than --max-docs": (req(docs=[DOC] * 65), INVALID, "docs"),
     "unknown scheme": (req(scheme="fastest"), INVALID, "options.scheme"),
     "unknown template": (req(template="chatml"), INVALID, "options.template"),

@@ -910,3 +910,14 @@ def test_a_content_length_shorter_than_the_body_is_answered_400_and_counted_so(l
 def test_x_timeout_ms_takes_a_plain_decimal(live):
     reply = live.post("/v2/rerank", {**Q, **D}, headers={"X-Timeout-Ms": "30000.5"})
     assert reply.status_code == 200, reply.text
+
+
+def test_an_answer_over_the_limit_is_named_as_the_answer_not_the_body():
+    from scorer.server.handler import AnswerTooLarge, MessageTooLarge
+    from scorer.server.http import HttpFront
+
+    front = HttpFront(SHAPES["/v2/rerank"], {}, None)
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    message, field, status = front._explain(code, "the answer takes 9 bytes", AnswerTooLarge("x"))
+    assert (field, status) == ("answer", 413) and message.startswith("answer: ")
+    assert front._explain(code, "over", MessageTooLarge("x"))[1:] == ("body", 413)
