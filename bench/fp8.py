@@ -159,7 +159,7 @@ def run_model(name: str, device: torch.device, a, result: dict) -> None:
             quantize_model(model)
         e = engine(model, device, a.budget)
         out = rec["systems"].setdefault(system, {"throughput": {}, "ranking": {}})
-        for w in THROUGHPUT[name]:
+        for w in THROUGHPUT[name] if a.seconds > 0 else ():
             reqs = calls(w, a.throughput_calls, cfg["vocab_size"])
             got = engine_system(e, reqs, "auto", a.seconds, a.budget, idle=False)
             out["throughput"][w] = {k: got[k] for k in ("docs_s", "peak_gib", "scheme_used")}
@@ -183,7 +183,8 @@ def table(result: dict) -> str:
             b, f = (
                 s.get(x, {}).get("throughput", {}).get(w, {}).get("docs_s", float("nan")) for x in SYSTEMS
             )
-            lines.append(f"| {rec['model']} | {w} | {b:,.0f} | {f:,.0f} | {f / b:.2f}x |")
+            if b == b:  # measured (NaN where --seconds 0 left docs/s out)
+                lines.append(f"| {rec['model']} | {w} | {b:,.0f} | {f:,.0f} | {f / b:.2f}x |")
     lines += [
         "",
         "| model | workload | system | calls | logprob err mean | p99 | score err mean | fp32 score std"
@@ -211,7 +212,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--calls", type=int, default=1000, help="calls of A and of E ranked against fp32")
     ap.add_argument("--calls-8b", type=int, default=100, help="--calls on the 8B (its fp32 forward is slow)")
     ap.add_argument("--throughput-calls", type=int, default=64, help="calls cycled through for docs/s")
-    ap.add_argument("--seconds", type=float, default=3.0, help="per system and workload, at saturation")
+    ap.add_argument(
+        "--seconds",
+        type=float,
+        default=3.0,
+        help="per system and workload, at saturation (0: ranking only)",
+    )
     ap.add_argument("--budget", type=int, default=16384, help="tokens per batch, as the server's batcher")
     ap.add_argument("--cpu-smoke", action="store_true", help="a toy model on the CPU, a few calls")
     a = ap.parse_args(argv)

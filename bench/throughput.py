@@ -15,7 +15,8 @@ label ids. For each workload (prompt + N docs of S tokens) and system:
   FlashInfer's hidden-state norms instead of Triton's (``DecoderLM.triton_norm``); ``@noswiglu``
   with the MLP's gate/up on cuBLAS and FlashInfer's SiLU-and-mul instead of Triton's one GEMM
   (``DecoderLM.swiglu_gemm``); ``@fp8`` with the decoder's linears in FP8 (``--quantization fp8``,
-  ``scorer.models.quant``); ``@nomat`` with
+  ``scorer.models.quant``; ``@fp8lin`` with each linear quantizing its input, ``@fp8swiglu`` with
+  Triton's FP8 gate/up + SiLU GEMM); ``@nomat`` with
   long docs' attention paged instead of on FA3 over a gathered copy of their keys; ``@pool`` with a split
   call's passes reusing its prompt's K/V from a pool, never computing it again): batches of at
   most ``--budget`` tokens formed as the server's batcher forms them at saturation
@@ -437,7 +438,7 @@ def engine_for(
     triton_norm: bool = True,
     materialize: bool = True,
     swiglu_gemm: bool = True,
-    fp8: bool = False,
+    fp8: str = "",
 ) -> Engine:
     """The serving configuration (FlashInfer, CUDA graphs); the torch reference on the CPU (smoke);
     the embedded tokenizer, for the text calls. ``attention``: FlashInfer's prefill kernels
@@ -450,7 +451,8 @@ def engine_for(
     ``residual_in_gemm``, ``triton_norm``, ``swiglu_gemm``: ``DecoderLM``'s settings of those names;
     ``materialize=False``: long docs' calls paged, not on FA3 over a copy of their keys
     (``FlashInferBackend``'s ``materialize``); ``fp8``: the decoder's linears in FP8
-    (``quant.quantize_model``)."""
+    (``quant.quantize_model``): ``fused`` (the serving default), ``linears`` (each linear quantizing
+    its own input), ``swiglu`` (``fused`` with Triton's FP8 gate/up + SiLU GEMM)."""
     cuda = device.type == "cuda"
     model = build_model(device, cfg["num_hidden_layers"], kernels if cuda else "torch", cfg)
     model.qkv_in_place = model.qkv_in_place and qkv_in_place
@@ -458,7 +460,8 @@ def engine_for(
     model.triton_norm = model.triton_norm and triton_norm
     model.swiglu_gemm = model.swiglu_gemm and swiglu_gemm
     if fp8:
-        quantize_model(model)
+        quantize_model(model, fused=False if fp8 == "linears" else None)
+        model.swiglu_gemm = fp8 == "swiglu"
     mc = model.config
     spec = HeadSpec(mc.num_heads, mc.num_kv_heads, mc.head_dim, torch.bfloat16, device)
     if cuda:
@@ -497,7 +500,8 @@ def main(argv: list[str] | None = None) -> None:
         "--systems",
         default="",
         help="auto, auto@flashinfer, auto@fa3, auto@lt, auto@paged, auto@copyv, auto@noaddmm, auto@finorm,"
-        " auto@noswiglu, auto@nomat, auto@pool, auto@fp8, a scheme, hf_naive, hf_prefix",
+        " auto@noswiglu, auto@nomat, auto@pool, auto@fp8, auto@fp8lin, auto@fp8swiglu, a scheme, hf_naive,"
+        " hf_prefix",
     )
     ap.add_argument("--seconds", type=float, default=4.0, help="per system, at saturation")
     ap.add_argument("--cache-systems", default="auto,auto+cache", help="the systems of the repeat workloads")
@@ -571,6 +575,10 @@ def main(argv: list[str] | None = None) -> None:
         torch.cuda.empty_cache()
 
 
+FP8_SYSTEMS = {"fp8": "fused", "fp8lin": "linears", "fp8swiglu": "swiglu"}
+"""``auto@X``: the FP8 variant of ``engine_for``'s ``fp8``."""
+
+
 def measure(rec: dict, engines: dict, cfg: dict, device, a, w: str, reqs, streamed: bool, idle: bool) -> None:
     """One round of ``rec``'s system on workload ``w`` into ``rec`` (its docs/s appended to
     ``docs_s_rounds``; the idle calls only where ``idle``); the engine built on first use."""
@@ -602,7 +610,7 @@ def measure(rec: dict, engines: dict, cfg: dict, device, a, w: str, reqs, stream
                     triton_norm=at != "finorm",
                     materialize=at != "nomat",
                     swiglu_gemm=at != "noswiglu",
-                    fp8=at == "fp8",
+                    fp8=FP8_SYSTEMS.get(at, ""),
                 )
             )
         if key not in engines:  # the same model and runner, with a pool

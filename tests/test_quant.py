@@ -19,17 +19,11 @@ from test_prefix_cache import request
 from scorer import cli
 from scorer.attention import HeadSpec, TorchBackend
 from scorer.engine import Engine, EngineConfig
+from scorer.models import fp8_kernels, triton_ops
 from scorer.models.fp8_checkpoint import UnsupportedQuantization, checkpoint_format
+from scorer.models.fp8_kernels import FP8, FP8_MAX, quantize_rows
 from scorer.models.loader import load_model
-from scorer.models.quant import (
-    ATTENTION_LINEARS,
-    FP8,
-    FP8_MAX,
-    MLP_LINEARS,
-    Fp8Linear,
-    dequantize,
-    quantize_rows,
-)
+from scorer.models.quant import ATTENTION_LINEARS, MLP_LINEARS, Fp8Linear, dequantize, quantize_model
 from scorer.models.tiny import ensure_tiny_model
 from scorer.planning import REGISTRY
 from scorer.prefix_cache import PrefixCache
@@ -157,6 +151,71 @@ def test_q_k_v_and_gate_up_quantize_their_input_once(tiny, monkeypatch):
     seen.clear()
     attn.q_proj(x), attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
     assert len(seen) == 2  # the second q_proj call: fresh; k and v: that one's
+
+
+def test_merged_fp8_linears_are_their_parts_side_by_side():
+    g = torch.Generator().manual_seed(2)
+    parts = []
+    for n, bias in ((48, True), (16, False), (32, True)):
+        linear = torch.nn.Linear(64, n, bias=bias)
+        with torch.no_grad():
+            linear.weight.copy_(torch.randn(n, 64, generator=g) * 0.1)
+        parts.append(Fp8Linear.quantize(linear))
+    x = torch.randn(9, 64, generator=g)
+    separate = torch.cat([p(x) for p in parts], dim=1)
+    merged = Fp8Linear.merge(*parts)
+    assert merged.out_features == 96 and merged.bias[48:64].eq(0).all()  # the bias-less part's zeros
+    torch.testing.assert_close(merged(x), separate, atol=1e-6, rtol=0)
+    # the parts read the merged storage: one copy of the weights, still under their own names
+    assert parts[1].weight.untyped_storage().data_ptr() == merged.weight.untyped_storage().data_ptr()
+    torch.testing.assert_close(torch.cat([p(x) for p in parts], dim=1), separate, atol=0, rtol=0)
+
+
+def test_the_fused_path_scores_as_the_linears_one_by_one(tiny):
+    """``quantize_model``'s fused path (merged QKV and gate/up in FP8, inputs quantized by the norm
+    and SiLU-and-mul kernels, here their torch statements) gives the per-linear path's scores: the
+    same FP8 values reach the same GEMMs (measured: within 1e-6 in fp32)."""
+    model, tokenizer = load_model(tiny, "cpu", torch.float32, "fused", "none")
+    quantize_model(model, fused=True)
+    layer = model.model.layers[0]
+    assert isinstance(layer.self_attn.qkv_proj, Fp8Linear) and isinstance(layer.mlp.gate_up, Fp8Linear)
+    assert layer.input_layernorm.quantize and layer.post_attention_layernorm.quantize
+    assert not model.model.norm.quantize  # the LM head's input stays in the model's dtype
+    fused, one_by_one = engine_of(model, tokenizer), loaded(tiny, "fp8")
+    for seed in range(6):
+        req = random_request(seed)
+        torch.testing.assert_close(
+            logprobs(fused.score(req)), logprobs(one_by_one.score(req)), atol=1e-5, rtol=0
+        )
+
+
+def test_the_kernels_torch_statements():
+    """What the Triton kernels compute, on the CPU: the residual updated in place before the norm,
+    SiLU-and-mul in fp32 rounded once, then ``quantize_rows`` of the result."""
+    g = torch.Generator().manual_seed(3)
+    x, res = torch.randn(5, 32, generator=g).bfloat16(), torch.randn(5, 32, generator=g).bfloat16()
+    w = torch.rand(32, generator=g).bfloat16()
+    want_res = (x.float() + res.float()).bfloat16()
+    got = fp8_kernels.rms_norm_quant(x, w, 1e-6, residual=res)
+    assert torch.equal(res, want_res)
+    want = quantize_rows(triton_ops.rms_norm_reference(want_res, w, 1e-6))
+    assert torch.equal(got.q.float(), want[0].float()) and torch.equal(got.scale, want[1])
+    gu = torch.randn(5, 64, generator=g).bfloat16()
+    act = (torch.nn.functional.silu(gu[:, :32].float()) * gu[:, 32:].float()).bfloat16()
+    got = fp8_kernels.silu_mul_quant(gu)
+    assert torch.equal(got.q.float(), quantize_rows(act)[0].float())
+
+
+def test_a_score_head_model_quantizes_its_decoder(tmp_path):
+    """A ``*ForSequenceClassification`` checkpoint (no LM head) in FP8: the decoder's linears
+    quantized, the score head kept, the scores those of the reference."""
+    from test_families import CASES, OTHER, write_checkpoint
+
+    path = write_checkpoint(CASES["qwen2-score1"], tmp_path / "qwen2-score1")
+    fp8, ref = loaded(path, "fp8"), fake_quantized(path)
+    assert isinstance(fp8.runner.model.model.layers[0].self_attn.q_proj, Fp8Linear)
+    assert fp8.runner.model.score.weight.dtype == torch.float32
+    torch.testing.assert_close(logprobs(fp8.score(OTHER)), logprobs(ref.score(OTHER)), atol=1e-5, rtol=0)
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from scorer.config import ModelConfig
-from scorer.models import fused, triton_ops
+from scorer.models import fp8_kernels, fused, triton_ops
 from scorer.models.rope import Rope, RotaryEmbedding
 
 MODEL_KERNELS = ("torch", "flashinfer", "fused")
@@ -45,9 +45,14 @@ class RMSNorm(nn.Module):
         self.fused = fused
         self.gemma = gemma
         self.triton = False  # Triton's many-rows kernel instead of FlashInfer's (``DecoderLM.triton_norm``)
+        self.quantize = False  # written in FP8 for the FP8 linears that read it (``quant.quantize_model``)
 
-    def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        if self.fused and self.triton and x.is_cuda:
+    def forward(
+        self, x: torch.Tensor, out: torch.Tensor | None = None
+    ) -> torch.Tensor | fp8_kernels.Quantized:
+        if self.quantize:
+            return fp8_kernels.rms_norm_quant(x, self.weight, self.eps)
+        if self.fused and self.triton:  # its torch statement on the CPU
             return triton_ops.rms_norm(x, self.weight, self.eps, out)
         if self.fused:
             return fused.rms_norm(x, self.weight, self.eps, out)
@@ -67,7 +72,7 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
         self.one_gemm = one_gemm  # q/k/v as one GEMM and the Triton kernel (after merge_qkv)
         self.in_place = True  # that kernel on the GEMM's output in place (``DecoderLM.qkv_in_place``)
-        self.qkv_proj: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        self.qkv_proj: tuple[torch.Tensor, torch.Tensor | None] | nn.Module | None = None  # or FP8's
         hidden, bias = config.hidden_size, config.attention_bias
         q_size, kv_size = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
         self.q_proj = nn.Linear(hidden, q_size, bias=bias)
@@ -91,13 +96,17 @@ class Attention(nn.Module):
         T = x.shape[0]
         if self.qkv_proj is not None:
             hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
-            w, b = self.qkv_proj
-            if isinstance(out, torch.Tensor):
-                qkv = torch.mm(x, w.t(), out=out) if b is None else torch.addmm(b, x, w.t(), out=out)
+            buf = out if isinstance(out, torch.Tensor) else None
+            if isinstance(self.qkv_proj, nn.Module):  # FP8 (``quant.quantize_model``)
+                qkv = self.qkv_proj(x, out=buf)
             else:
-                qkv = F.linear(x, w, b)
+                w, b = self.qkv_proj
+                if buf is None:
+                    qkv = F.linear(x, w, b)
+                else:
+                    qkv = torch.mm(x, w.t(), out=buf) if b is None else torch.addmm(b, x, w.t(), out=buf)
             if out is None and not self.in_place:
-                out = (x.new_empty(T, hq, d), x.new_empty(T, hkv, d), x.new_empty(T, hkv, d))
+                out = (qkv.new_empty(T, hq, d), qkv.new_empty(T, hkv, d), qkv.new_empty(T, hkv, d))
             qo, ko, vo = out if isinstance(out, tuple) else (*triton_ops.qkv_views(qkv, hq, hkv, d)[:2], None)
             norms = (
                 (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
@@ -128,7 +137,7 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(hidden, inter, bias=bias)
         self.down_proj = nn.Linear(inter, hidden, bias=bias)
         self.act_fn = ACTIVATIONS[config.hidden_act]
-        self.gate_up: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        self.gate_up: tuple[torch.Tensor, torch.Tensor | None] | nn.Module | None = None  # or FP8's
         self.swiglu_gemm = False  # ``DecoderLM.swiglu_gemm``
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -140,6 +149,18 @@ class MLP(nn.Module):
         kernel)."""
         if self.gate_up is None:
             return self.act_fn(self.gate_proj(x)) * self.up_proj(x)
+        if isinstance(self.gate_up, nn.Module):  # FP8: the down GEMM's input quantized as it is made
+            fp8 = self.gate_up
+            if (
+                self.swiglu_gemm
+                and isinstance(x, fp8_kernels.Quantized)
+                and fp8.bias is None
+                and x.q.shape[0] >= triton_ops.SWIGLU_MIN_ROWS
+                and triton_ops.gate_up_silu_supported(x.q, fp8.weight)
+            ):
+                act = triton_ops.gate_up_silu(x.q, fp8.weight, x_scale=x.scale, w_scale=fp8.weight_scale)
+                return fp8_kernels.quantize(act)
+            return fp8_kernels.silu_mul_quant(fp8(x))
         w, b = self.gate_up
         if (
             self.swiglu_gemm
@@ -381,7 +402,10 @@ def _differences(config: ModelConfig) -> str:
 
 
 def _add_norm(x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
-    """``residual += x`` in place, then ``norm(residual)``, written over ``x`` and returned."""
+    """``residual += x`` in place, then ``norm(residual)``, written over ``x`` and returned (or in
+    FP8, ``RMSNorm.quantize``)."""
+    if norm.quantize:
+        return fp8_kernels.rms_norm_quant(x, norm.weight, norm.eps, residual)
     if norm.fused:
         return fused.add_rms_norm_(x, residual, norm.weight, norm.eps)
     residual.add_(x)

@@ -13,9 +13,10 @@ On CUDA the product is ``torch._scaled_mm`` with rowwise scales (``scale_a`` [M,
 in fp32. Both quantize with ``quantize_rows``, so the CPU reference sees the FP8 values the GPU
 multiplies.
 
-The linears run one by one (``quantize_model`` undoes the fused kernels' merged QKV and gate/up
-GEMMs, Triton's gate/up + SiLU GEMM and the residual adds in the output and down GEMMs, which read
-bf16 weights); the norms, RoPE, SiLU-and-mul and the graphs stay as the kernels chose.
+With the fused kernels on CUDA the merged QKV and gate/up GEMMs stay merged (FP8 weights side by
+side), and their inputs arrive in FP8 from the kernels that make them (``fp8_kernels``: the
+hidden-state norms, SiLU-and-mul); Triton's bf16 gate/up + SiLU GEMM and the residual adds in the
+output and down GEMMs give way. Elsewhere (the torch kernels, the CPU) the linears run one by one.
 """
 
 from __future__ import annotations
@@ -25,25 +26,16 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-FP8 = torch.float8_e4m3fn
-FP8_MAX = torch.finfo(FP8).max  # 448
-MIN_AMAX = 1e-12
-"""A row whose absmax is below this (all zeros: padding rows of a graph bucket) gets the scale of
-this absmax, so its quantized values are finite (zero)."""
+from scorer.models import fp8_kernels
+from scorer.models.fp8_kernels import FP8, Quantized, quantize_rows
+
 ATTENTION_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_LINEARS = ("gate_proj", "up_proj", "down_proj")
 
 
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row of ``x`` [M, K] in FP8 with a scale of its own: ``(q [M, K] e4m3, scale [M, 1]
-    fp32)`` with ``x ~= q * scale``, ``scale = absmax / 448``. The absmax is exact in ``x``'s dtype
-    and the division is in fp32, so the CPU and the GPU give the same bits for the same ``x``."""
-    amax = torch.linalg.vector_norm(x, float("inf"), dim=-1, keepdim=True, dtype=torch.float32)
-    scale = amax.clamp(min=MIN_AMAX) / FP8_MAX
-    # bf16 / fp32 divides in fp32 (one temporary). No clamp: the row's largest lands within a few
-    # ulps of 448, which rounds to 448 (a value would need 464 to round past it)
-    q = (x / scale).to(FP8)
-    return q, scale
+def _quantize(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``quantize_rows``: on CUDA in one Triton kernel (``fp8_kernels.quantize``), the same bits."""
+    return fp8_kernels.quantize(rows) if rows.is_cuda else quantize_rows(rows)
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -79,7 +71,7 @@ class SharedInput:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``rows``: ``x`` as [M, K]."""
         if self._x is not x or id(reader) in self._readers:
-            self._x, self._q, self._readers = x, quantize_rows(rows), set()
+            self._x, self._q, self._readers = x, _quantize(rows), set()
         q = self._q
         self._readers.add(id(reader))
         if len(self._readers) == self.size:
@@ -89,10 +81,17 @@ class SharedInput:
 
 class Fp8Linear(nn.Module):
     """``y = x @ W.T + b`` with ``W`` [N, K] in FP8 and one fp32 scale per output channel, and ``x``
-    quantized per token at every call. The weight and its scales are buffers (``weight``,
-    ``weight_scale`` [N], compressed-tensors' names), not parameters: nothing casts them."""
+    quantized per token at every call, or given quantized (``Quantized``: by the kernel that made
+    it, ``fp8_kernels``). The weight and its scales are buffers (``weight``, ``weight_scale`` [N],
+    compressed-tensors' names), not parameters: nothing casts them. ``out_dtype``: the product's."""
 
-    def __init__(self, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        weight_scale: torch.Tensor,
+        bias: torch.Tensor | None,
+        out_dtype: torch.dtype = torch.bfloat16,
+    ) -> None:
         super().__init__()
         if weight.dtype != FP8 or weight.dim() != 2:
             raise ValueError(f"an FP8 weight is a 2-D {FP8} tensor, not {weight.dtype} {list(weight.shape)}")
@@ -102,6 +101,7 @@ class Fp8Linear(nn.Module):
                 f"FP8 GEMMs on CUDA need both sides of the weight multiples of 16, not {n} x {k}"
             )
         self.out_features, self.in_features = n, k
+        self.out_dtype = out_dtype
         self.register_buffer("weight", weight.contiguous())
         self.register_buffer("weight_scale", weight_scale.reshape(1, n).float().contiguous())
         self.bias = bias
@@ -110,23 +110,51 @@ class Fp8Linear(nn.Module):
         )
 
     @classmethod
-    def quantize(cls, linear: nn.Linear) -> Fp8Linear:
+    def quantize(cls, linear: nn.Linear, out_dtype: torch.dtype | None = None) -> Fp8Linear:
         """The FP8 form of ``linear``: its weight quantized per output channel."""
         q, scale = quantize_rows(linear.weight.detach())
-        return cls(q, scale, linear.bias)
+        return cls(q, scale, linear.bias, out_dtype or linear.weight.dtype)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        lead = x.shape[:-1]
-        rows = x.reshape(-1, self.in_features)
-        qx, sx = quantize_rows(rows) if self.shared is None else self.shared(self, x, rows)
-        if x.is_cuda:
-            y = torch._scaled_mm(
-                qx, self.weight.t(), scale_a=sx, scale_b=self.weight_scale, out_dtype=torch.bfloat16
-            ).to(x.dtype)
+    @classmethod
+    def merge(cls, *linears: Fp8Linear) -> Fp8Linear:
+        """One FP8 linear for several of the same input, their outputs side by side (q|k|v,
+        gate|up): per-channel scales make it their concatenation. Each part's weight and scales
+        become views of the merged ones (named as before, stored once)."""
+        weight = torch.cat([lin.weight.view(torch.uint8) for lin in linears]).view(FP8)
+        scale = torch.cat([lin.weight_scale for lin in linears], dim=1)
+        biases = [lin.bias for lin in linears]
+        bias = None
+        if any(b is not None for b in biases):
+            bias = torch.cat(
+                [b if b is not None else lin.weight_scale.new_zeros(lin.out_features, dtype=lin.out_dtype)
+                 for b, lin in zip(biases, linears, strict=True)]
+            )  # fmt: skip
+        merged = cls(weight, scale, bias, linears[0].out_dtype)
+        at = 0
+        for lin in linears:
+            n = lin.out_features
+            lin.weight, lin.weight_scale = merged.weight[at : at + n], merged.weight_scale[:, at : at + n]
+            at += n
+        return merged
+
+    def forward(self, x: torch.Tensor | Quantized, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``x`` [..., K] (or quantized [M, K]) -> [..., N], written into ``out`` [M, N] if given."""
+        if isinstance(x, Quantized):
+            lead, (qx, sx) = x.q.shape[:-1], x
         else:
-            y = reference_mm(qx, sx, self.weight, self.weight_scale).to(x.dtype)
+            lead = x.shape[:-1]
+            rows = x.reshape(-1, self.in_features)
+            qx, sx = _quantize(rows) if self.shared is None else self.shared(self, x, rows)
+        if qx.is_cuda:
+            kw = {} if out is None else {"out": out}
+            y = torch._scaled_mm(
+                qx, self.weight.t(), scale_a=sx, scale_b=self.weight_scale, out_dtype=self.out_dtype, **kw
+            )
+        else:
+            y = reference_mm(qx, sx, self.weight, self.weight_scale).to(self.out_dtype)
+            y = y if out is None else out.copy_(y)
         if self.bias is not None:
-            y = y + self.bias
+            y.add_(self.bias)
         return y.view(*lead, self.out_features)
 
     def extra_repr(self) -> str:
@@ -141,38 +169,58 @@ def reference_mm(qx: torch.Tensor, sx: torch.Tensor, qw: torch.Tensor, sw: torch
 
 
 def quantize_model(
-    model: nn.Module, prequantized: Mapping[str, tuple[torch.Tensor, torch.Tensor]] | None = None
+    model: nn.Module,
+    prequantized: Mapping[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
+    fused: bool | None = None,
 ) -> None:
     """Turn the decoder's linears into ``Fp8Linear``, in place, after ``DecoderLM.finalize``:
     ``prequantized`` maps a linear's name (``model.layers.0.self_attn.q_proj``) to its FP8 weight
     and per-channel scales from the checkpoint; every other linear is quantized from its weight.
-    q, k and v share one quantization of their input, gate and up another (``SharedInput``). The
-    fused kernels' merged GEMMs, which read the bf16 weights, are switched off (see the module)."""
-    dev = model.lm_head.weight.device
+
+    With the fused kernels on CUDA (``fused_path``; ``fused`` overrides: the CPU tests run the
+    kernels' torch statements that way) the merged QKV and gate/up GEMMs stay merged,
+    in FP8, and their inputs come quantized from the kernels that make them: the hidden-state norms
+    (``RMSNorm.quantize``, the post-attention one with the residual add) and SiLU-and-mul
+    (``MLP.act``); only the attention output is quantized on its own, in one kernel. Elsewhere q, k
+    and v share one quantization of their input, gate and up another (``SharedInput``). Either way
+    the GEMMs that read bf16 weights (Triton's gate/up + SiLU, the residual add in the output and
+    down GEMMs) are switched off."""
+    dev = model.model.embed_tokens.weight.device
+    dtype = model.model.embed_tokens.weight.dtype
     if problem := scaled_mm_supported(dev):
         raise ValueError(problem)
+    fused = fused_path(model) if fused is None else fused
     for i, layer in enumerate(model.model.layers):
-        for owner, part, names in (
-            (layer.self_attn, "self_attn", ATTENTION_LINEARS),
-            (layer.mlp, "mlp", MLP_LINEARS),
-        ):
+        attn, mlp = layer.self_attn, layer.mlp
+        for owner, part, names in ((attn, "self_attn", ATTENTION_LINEARS), (mlp, "mlp", MLP_LINEARS)):
             for name in names:
                 linear = getattr(owner, name)
                 given = (prequantized or {}).get(f"model.layers.{i}.{part}.{name}")
                 if given is None:
-                    fp8 = Fp8Linear.quantize(linear)
+                    fp8 = Fp8Linear.quantize(linear, dtype)
                 else:
-                    fp8 = Fp8Linear(given[0].to(dev), given[1].to(dev), linear.bias)
+                    fp8 = Fp8Linear(given[0].to(dev), given[1].to(dev), linear.bias, dtype)
                 setattr(owner, name, fp8)
-        for group in (
-            [getattr(layer.self_attn, n) for n in ATTENTION_LINEARS[:3]],
-            [getattr(layer.mlp, n) for n in MLP_LINEARS[:2]],
-        ):
-            shared = SharedInput(len(group))
-            for linear in group:
-                linear.shared = shared
-        layer.self_attn.qkv_proj = None
-        layer.mlp.gate_up = None
-    model.qkv_in_place = False
+        qkv = [getattr(attn, n) for n in ATTENTION_LINEARS[:3]]
+        gate_up = [getattr(mlp, n) for n in MLP_LINEARS[:2]]
+        if fused:
+            attn.qkv_proj = Fp8Linear.merge(*qkv) if attn.qkv_proj is not None else None
+            mlp.gate_up = Fp8Linear.merge(*gate_up)
+            layer.input_layernorm.quantize = layer.post_attention_layernorm.quantize = True
+        else:
+            for group in (qkv, gate_up):
+                shared = SharedInput(len(group))
+                for linear in group:
+                    linear.shared = shared
+            attn.qkv_proj = None
+            mlp.gate_up = None
+    if not fused:
+        model.qkv_in_place = False
     model.swiglu_gemm = False
     model.residual_in_gemm = False
+
+
+def fused_path(model: nn.Module) -> bool:
+    """Does ``quantize_model`` keep ``model``'s merged GEMMs and quantize in its kernels: FlashInfer's
+    or the fused kernels (SiLU, Llama's norms, no sandwich norms), on CUDA?"""
+    return model.fused and model.model.embed_tokens.weight.is_cuda

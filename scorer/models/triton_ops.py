@@ -353,24 +353,25 @@ SWIGLU_MIN_ROWS = 1536
 and 18-21% less on 2,400-16,128 (5-8% less on Qwen3-8B's 2,400-16,128), and 11% more on 800."""
 
 
-def gate_up_config(rows: int, hidden: int, inter: int) -> GemmConfig:
+def gate_up_config(rows: int, hidden: int, inter: int, fp8: bool = False) -> GemmConfig:
     """The default program shape of ``gate_up_silu``: 128 rows by 128 gate and 128 up columns in two
     warp groups, K in steps of 64 over 3 stages of TMA loads (48 KiB a stage), one program per SM
     taking tiles in turn: the best of the shapes ``bench.triton_gemm`` swept on an H200 at
     2,400-16,128 rows of both models (bench/RESULTS.md, The model's own kernels). Row blocks are grouped by 16
     where the output has more than 32 column tiles (Qwen3-8B's 96: 0.5-3% faster than by 4 or 8
-    in two sweeps), else by 4 (Qwen3-0.6B's 24: by 4, 8 and 16 within 2%, in either order)."""
-    return 128, 128, 64, 3, 8, 4 if inter // 128 <= 32 else 16, True, ""
+    in two sweeps), else by 4 (Qwen3-0.6B's 24: by 4, 8 and 16 within 2%, in either order). FP8
+    takes K in steps of 128: the same bytes a stage (not swept)."""
+    return 128, 128, 128 if fp8 else 64, 3, 8, 4 if inter // 128 <= 32 else 16, True, ""
 
 
 def gate_up_silu_supported(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """Can ``gate_up_silu`` run ``x`` [T, H] by ``w`` [2N, H] on this device (Hopper's TMA, bf16 or
-    fp16, 16-byte aligned rows, N a multiple of 128)?"""
+    """Can ``gate_up_silu`` run ``x`` [T, H] by ``w`` [2N, H] on this device (Hopper's TMA, bf16,
+    fp16 or FP8 e4m3 with scales, 16-byte aligned rows, N a multiple of 128)?"""
     return (
         triton is not None
         and x.is_cuda
         and _capability(x.device) >= 9
-        and x.dtype in (torch.bfloat16, torch.float16)
+        and x.dtype in (torch.bfloat16, torch.float16, torch.float8_e4m3fn)
         and w.dtype == x.dtype
         and x.dim() == 2
         and x.stride(1) == 1
@@ -387,6 +388,8 @@ def gate_up_silu(
     out: torch.Tensor | None = None,
     *,
     config: GemmConfig | None = None,
+    x_scale: torch.Tensor | None = None,
+    w_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The MLP's down-projection input ``silu(x @ gate.T) * (x @ up.T)`` as one GEMM kernel: ``w``
     [2N, H] holds the gate rows, then the up rows (``MLP.merge_gate_up``); each program computes a
@@ -395,8 +398,18 @@ def gate_up_silu(
     and reads the [T, 2N] intermediate not at all and launches one kernel instead of two (and no
     workspace memset); FlashInfer's pair rounds g and u to bf16 before the product (a ulp apart).
     Allocates nothing with ``out`` given, so it can be captured in a CUDA graph. CPU tensors go to
-    ``gate_up_silu_reference``."""
+    ``gate_up_silu_reference``.
+
+    FP8 operands (``--quantization fp8``) come with their scales, ``x_scale`` [T, 1] per row and
+    ``w_scale`` [1, 2N] per weight row; the products are scaled in fp32 before the SiLU, and ``out``
+    is bf16 (the down projection's input, quantized next)."""
+    scaled = x.dtype == torch.float8_e4m3fn
+    if scaled != (x_scale is not None) or scaled != (w_scale is not None):
+        raise ValueError("FP8 operands take x_scale and w_scale; others take neither")
     if not x.is_cuda and not (_INTERPRET and triton is not None):
+        if scaled:
+            x, w = x.float() * x_scale, w.float() * w_scale.reshape(-1, 1)
+            return gate_up_silu_reference(x, w).to(torch.bfloat16)
         return gate_up_silu_reference(x, w, out)
     if triton is None:
         raise RuntimeError("gate_up_silu on CUDA needs triton")
@@ -406,12 +419,13 @@ def gate_up_silu(
     n = w.shape[0] // 2
     if w.shape != (2 * n, H):
         raise ValueError(f"w must be [2N, {H}], got {tuple(w.shape)}")
-    out = x.new_empty(T, n) if out is None else out
+    if out is None:
+        out = torch.empty(T, n, dtype=torch.bfloat16 if scaled else x.dtype, device=x.device)
     if out.shape != (T, n) or out.stride(1) != 1 or not _tma_rows(out):
         raise ValueError(f"out must be [{T}, {n}] with contiguous, 16-byte aligned rows")
     if T == 0:
         return out
-    bm, bn, bk, stages, warps, group, persistent, loop = config or gate_up_config(T, H, n)
+    bm, bn, bk, stages, warps, group, persistent, loop = config or gate_up_config(T, H, n, scaled)
     if n % bn:
         raise ValueError(f"N = {n} must be a multiple of BLOCK_N = {bn}")
     tiles = triton.cdiv(T, bm) * (n // bn)
@@ -420,8 +434,8 @@ def gate_up_silu(
         TensorDescriptor.from_tensor(x, [bm, bk]),
         TensorDescriptor.from_tensor(w, [bn, bk]),
         TensorDescriptor.from_tensor(out, [bm, bn]),
-        T, n, H,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group, PROGRAMS=programs,
+        x_scale if scaled else x, w_scale if scaled else x, T, n, H,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group, PROGRAMS=programs, SCALED=scaled,
         FLATTEN=loop == "flatten", WARP_SPECIALIZE=loop == "ws",
         num_stages=stages, num_warps=warps,
     )  # fmt: skip
@@ -455,9 +469,9 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["M", "PROGRAMS"])
     def _gate_up_silu_kernel(
-        x_desc, w_desc, y_desc, M, N, K,
+        x_desc, w_desc, y_desc, xs_ptr, ws_ptr, M, N, K,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-        PROGRAMS, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+        PROGRAMS, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, SCALED: tl.constexpr,
     ):  # fmt: skip
         """Tiles of [BLOCK_M rows, BLOCK_N columns] of the output in grouped order (GROUP_M row
         blocks share their columns' weights in L2), PROGRAMS programs taking every PROGRAMS-th
@@ -481,6 +495,12 @@ if triton is not None:
                 a = x_desc.load([om, ok])
                 g = tl.dot(a, w_desc.load([on, ok]).T, g)
                 u = tl.dot(a, w_desc.load([N + on, ok]).T, u)
+            if SCALED:  # FP8: the row's and the weight rows' scales
+                rows = om + tl.arange(0, BLOCK_M)
+                cols = on + tl.arange(0, BLOCK_N)
+                sx = tl.load(xs_ptr + rows, mask=rows < M, other=0.0)[:, None]
+                g = g * sx * tl.load(ws_ptr + cols)[None, :]
+                u = u * sx * tl.load(ws_ptr + N + cols)[None, :]
             # silu with the approximate division (2 ulp of fp32, nothing after the bf16 rounding): the
             # IEEE one is ~15 instructions an element of an epilogue no other work hides
             y = tl.fdiv(g, 1.0 + tl.exp(-g), ieee_rounding=False) * u

@@ -1,15 +1,28 @@
 #!/usr/bin/env bash
-# FP8 linears (--quantization fp8) on the GPU in one device call (~6-7 minutes on an H100): their
-# GPU tests (tests/gpu/test_quant_gpu.py), then bench.fp8 on the random 0.6B and 8B models (engine
-# docs/s of fp8 against bf16, the ranking of both against an fp32 forward) -> $OUT/fp8.json, fp8.md
-# bash scripts/gpu/fp8.sh   (device: carry [".gpu"]; CALLS=1000 CALLS_8B=100 SECONDS_PER=3
-#                            MODELS=qwen3-0.6b,qwen3-8b GPU_TESTS=1 to change what runs)
+# FP8 linears (--quantization fp8) on the GPU, in two device calls:
+#   bash scripts/gpu/fp8.sh speed     (~8 min on an H100) their GPU tests (tests/gpu/test_quant_gpu.py),
+#       then bench.throughput: bf16 (auto) against FP8 (auto@fp8, the serving path; auto@fp8lin, each
+#       linear quantizing its own input; auto@fp8swiglu, Triton's FP8 gate/up + SiLU GEMM) on the
+#       0.6B (A, E) and the 8B (A, B), the same run -> $OUT/throughput.json, throughput_8b.json
+#   bash scripts/gpu/fp8.sh ranking   (~4 min) bench.fp8: bf16's and FP8's label log-probs and rankings
+#       against an fp32 forward, 1,000 calls of A and E on the 0.6B, 100 on the 8B -> $OUT/fp8.json, fp8.md
+# (device: carry [".gpu"]; CALLS=, CALLS_8B=, SYSTEMS_06B=, SYSTEMS_8B=, BUDGET_06B=, BUDGET_8B= to change)
 source scripts/gpu/env.sh
-if [ "${GPU_TESTS:-1}" = 1 ]; then
-  timeout 120 python3 -m pytest -m gpu tests/gpu/test_quant_gpu.py -q -p no:cacheprovider \
+case "${1:-speed}" in
+speed)
+  timeout 240 python3 -m pytest -m gpu tests/gpu/test_quant_gpu.py -q -p no:cacheprovider \
     --junitxml="$OUT/fp8-gpu-tests.xml" 2>&1 | tail -25 | tee "$OUT/fp8-gpu-tests.log"
-fi
-# the JSON is written after each system, so a run cut by the timeout keeps what it measured
-timeout "${BENCH_TIMEOUT_S:-360}" python3 -m bench.fp8 --out "$OUT" --models "${MODELS:-qwen3-0.6b,qwen3-8b}" \
-  --calls "${CALLS:-1000}" --calls-8b "${CALLS_8B:-100}" --seconds "${SECONDS_PER:-3}" 2>&1 \
-  | grep -v Warning | tee "$OUT/fp8.log"
+  python3 -m bench.throughput --models qwen3-0.6b --workloads A,E \
+    --systems "${SYSTEMS_06B:-auto,auto@fp8,auto@fp8lin,auto@fp8swiglu}" --seconds 3 \
+    --budget-s "${BUDGET_06B:-150}" --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/throughput.log"
+  python3 -m bench.throughput --models qwen3-8b --workloads A,B \
+    --systems "${SYSTEMS_8B:-auto,auto@fp8,auto@fp8swiglu}" --seconds 3 \
+    --budget-s "${BUDGET_8B:-120}" --out "$OUT/8b" 2>&1 | grep -v Warning | tee -a "$OUT/throughput.log"
+  cp "$OUT/8b/throughput.json" "$OUT/throughput_8b.json" && rm -r "$OUT/8b"
+  ;;
+ranking)
+  # the JSON is written after each system, so a run cut by the timeout keeps what it measured
+  timeout "${BENCH_TIMEOUT_S:-420}" python3 -m bench.fp8 --out "$OUT" --models qwen3-0.6b,qwen3-8b \
+    --calls "${CALLS:-1000}" --calls-8b "${CALLS_8B:-100}" --seconds 0 2>&1 | grep -v Warning | tee "$OUT/fp8.log"
+  ;;
+esac

@@ -17,6 +17,7 @@ if torch.cuda.get_device_capability() < (8, 9):
 from test_flashinfer_engine import SCHEMES, scores  # noqa: E402
 
 from scorer.engine import EngineConfig  # noqa: E402
+from scorer.models import fp8_kernels, triton_ops  # noqa: E402
 from scorer.models.quant import Fp8Linear, quantize_rows, reference_mm  # noqa: E402
 from scorer.runtime import build_engine  # noqa: E402
 
@@ -69,11 +70,90 @@ def test_fp8_linear_replays_from_a_cuda_graph():
     torch.testing.assert_close(out, eager * 2, rtol=2**-7, atol=1e-2)
 
 
+def _one_step_apart(got: fp8_kernels.Quantized, want: tuple[torch.Tensor, torch.Tensor], share: float):
+    """``got`` within one FP8 step of ``want`` everywhere (a bf16 input a ulp apart, or a scale
+    from another summation order, moves a value across a rounding boundary), differing in at most
+    ``share`` of the values."""
+    g, w = got.q.float() * got.scale, want[0].float() * want[1]
+    step = want[0].float().abs() * 2**-3 * want[1] + want[1] * 2**-9
+    assert ((g - w).abs() <= step * 1.01 + 1e-30).all()
+    assert (got.q.float() != want[0].float()).float().mean().item() <= share
+
+
+@pytest.mark.parametrize("rows,width", [(1, 1024), (37, 2048), (5000, 4096), (300, 12288)])
+def test_the_quantize_kernel_gives_quantize_rows_bits(rows, width):
+    spread = torch.logspace(-3, 3, rows, device="cuda")[:, None]  # rows of every magnitude
+    x = (torch.randn(rows, width, device="cuda") * spread).to(BF16)
+    x[0] = 0.0  # a graph bucket's padding row
+    got = fp8_kernels.quantize(x)
+    q, s = quantize_rows(x)
+    assert torch.equal(got.scale, s) and torch.equal(got.q.view(torch.uint8), q.view(torch.uint8))
+
+
+@pytest.mark.parametrize("rows,width", [(1, 1024), (999, 1024), (77, 4096), (3, 5120)])
+def test_the_norm_kernels_quantize_the_norm(rows, width):
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    x = torch.randn(rows, width, device="cuda", generator=g).to(BF16)
+    res = (torch.randn(rows, width, device="cuda", generator=g) * 4).to(BF16)
+    w = (torch.rand(width, device="cuda", generator=g) + 0.5).to(BF16)
+    want = quantize_rows(triton_ops.rms_norm(x, w, 1e-6))
+    _one_step_apart(fp8_kernels.rms_norm_quant(x, w, 1e-6), want, 0.01)
+    want_res = (res.float() + x.float()).to(BF16)
+    got = fp8_kernels.rms_norm_quant(x, w, 1e-6, residual=res)
+    assert torch.equal(res, want_res)  # the residual stream, added in fp32 and rounded once
+    _one_step_apart(got, quantize_rows(triton_ops.rms_norm(want_res, w, 1e-6)), 0.01)
+
+
+@pytest.mark.parametrize("rows,width", [(1, 3072), (2048, 3072), (64, 12288), (5, 25600)])
+def test_the_silu_kernel_quantizes_silu_and_mul(rows, width):
+    gu = (torch.randn(rows, 2 * width, device="cuda") * 3).to(BF16)
+    _one_step_apart(fp8_kernels.silu_mul_quant(gu), quantize_rows(fp8_kernels.silu_mul_reference(gu)), 0.01)
+
+
+@pytest.mark.parametrize("rows,hidden,inter", [(1536, 1024, 3072), (2500, 4096, 12288)])
+def test_the_fp8_gate_up_silu_gemm_is_its_reference(rows, hidden, inter):
+    """Triton's gate/up + SiLU GEMM on FP8 operands and their scales (``DecoderLM.swiglu_gemm`` with
+    ``--quantization fp8``) against the same FP8 values dequantized, multiplied in fp32."""
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    x = torch.randn(rows, hidden, device="cuda", generator=g).to(BF16)
+    w = (torch.randn(2 * inter, hidden, device="cuda", generator=g) * hidden**-0.5).to(BF16)
+    (qx, sx), (qw, sw) = quantize_rows(x), quantize_rows(w)
+    assert triton_ops.gate_up_silu_supported(qx, qw)
+    got = triton_ops.gate_up_silu(qx, qw, x_scale=sx, w_scale=sw.reshape(1, -1)).float()
+    want = triton_ops.gate_up_silu_reference(qx.float() * sx, qw.float() * sw)
+    torch.testing.assert_close(got, want, rtol=2**-7, atol=1e-3 * want.abs().max().item())
+
+
+def test_the_fp8_kernels_replay_from_a_cuda_graph():
+    x = torch.randn(300, 1024, dtype=BF16, device="cuda")
+    res = torch.randn(300, 1024, dtype=BF16, device="cuda")
+    w = torch.rand(1024, dtype=BF16, device="cuda")
+    gu = torch.randn(300, 6144, dtype=BF16, device="cuda")
+    run = lambda: (fp8_kernels.rms_norm_quant(x, w, 1e-6, res), fp8_kernels.silu_mul_quant(gu))  # noqa: E731
+    res0 = res.clone()
+    run()  # compiles
+    res.copy_(res0)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        norm, act = run()
+    res.copy_(res0)
+    x.mul_(2.0)
+    gu.mul_(-1.0)
+    graph.replay()
+    want_res = res0.clone()
+    want = fp8_kernels.rms_norm_quant(x, w, 1e-6, want_res)
+    assert torch.equal(res, want_res) and torch.equal(norm.scale, want.scale)
+    assert torch.equal(act.q.view(torch.uint8), fp8_kernels.silu_mul_quant(gu).q.view(torch.uint8))
+
+
 @pytest.fixture(scope="module")
 def fp8_gpu(checkpoint):
     """The serving configuration with FP8 linears: FlashInfer, fused kernels, CUDA graphs."""
     engine = build_engine(checkpoint, "flashinfer", "cuda", BF16, EngineConfig(), quantization="fp8")
-    assert isinstance(engine.runner.model.model.layers[0].mlp.down_proj, Fp8Linear)
+    layer = engine.runner.model.model.layers[0]
+    assert isinstance(layer.mlp.down_proj, Fp8Linear)
+    # the fused path: merged FP8 GEMMs, their inputs quantized by the kernels that make them
+    assert isinstance(layer.mlp.gate_up, Fp8Linear) and layer.input_layernorm.quantize
     assert engine.runner.capture_graphs() > 0
     return engine
 
