@@ -15,8 +15,9 @@ label ids. For each workload (prompt + N docs of S tokens) and system:
   FlashInfer's hidden-state norms instead of Triton's (``DecoderLM.triton_norm``); ``@noswiglu``
   with the MLP's gate/up on cuBLAS and FlashInfer's SiLU-and-mul instead of Triton's one GEMM
   (``DecoderLM.swiglu_gemm``); ``@fp8`` with the decoder's linears in FP8 (``--quantization fp8``,
-  ``scorer.models.quant``; ``@fp8lin`` with each linear quantizing its input, ``@fp8swiglu`` with
-  Triton's FP8 gate/up + SiLU GEMM); ``@nomat`` with
+  ``scorer.models.quant``; ``@fp8lin`` with each linear quantizing its input, ``@fp8noswiglu``
+  with cuBLAS's FP8 gate/up GEMM and the SiLU-and-mul kernel instead of Triton's FP8 gate/up +
+  SiLU); ``@nomat`` with
   long docs' attention paged instead of on FA3 over a gathered copy of their keys; ``@pool`` with a split
   call's passes reusing its prompt's K/V from a pool, never computing it again): batches of at
   most ``--budget`` tokens formed as the server's batcher forms them at saturation
@@ -452,7 +453,8 @@ def engine_for(
     ``materialize=False``: long docs' calls paged, not on FA3 over a copy of their keys
     (``FlashInferBackend``'s ``materialize``); ``fp8``: the decoder's linears in FP8
     (``quant.quantize_model``): ``fused`` (the serving default), ``linears`` (each linear quantizing
-    its own input), ``swiglu`` (``fused`` with Triton's FP8 gate/up + SiLU GEMM)."""
+    its own input), ``noswiglu`` (``fused`` with cuBLAS's FP8 gate/up GEMM and the SiLU-and-mul
+    kernel quantizing, instead of Triton's FP8 gate/up + SiLU GEMM)."""
     cuda = device.type == "cuda"
     model = build_model(device, cfg["num_hidden_layers"], kernels if cuda else "torch", cfg)
     model.qkv_in_place = model.qkv_in_place and qkv_in_place
@@ -461,7 +463,7 @@ def engine_for(
     model.swiglu_gemm = model.swiglu_gemm and swiglu_gemm
     if fp8:
         quantize_model(model, fused=False if fp8 == "linears" else None)
-        model.swiglu_gemm = fp8 == "swiglu"
+        model.swiglu_gemm = model.swiglu_gemm and fp8 != "noswiglu"
     mc = model.config
     spec = HeadSpec(mc.num_heads, mc.num_kv_heads, mc.head_dim, torch.bfloat16, device)
     if cuda:
@@ -500,7 +502,7 @@ def main(argv: list[str] | None = None) -> None:
         "--systems",
         default="",
         help="auto, auto@flashinfer, auto@fa3, auto@lt, auto@paged, auto@copyv, auto@noaddmm, auto@finorm,"
-        " auto@noswiglu, auto@nomat, auto@pool, auto@fp8, auto@fp8lin, auto@fp8swiglu, a scheme, hf_naive,"
+        " auto@noswiglu, auto@nomat, auto@pool, auto@fp8, auto@fp8lin, auto@fp8noswiglu, a scheme, hf_naive,"
         " hf_prefix",
     )
     ap.add_argument("--seconds", type=float, default=4.0, help="per system, at saturation")
@@ -575,7 +577,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.cuda.empty_cache()
 
 
-FP8_SYSTEMS = {"fp8": "fused", "fp8lin": "linears", "fp8swiglu": "swiglu"}
+FP8_SYSTEMS = {"fp8": "fused", "fp8lin": "linears", "fp8noswiglu": "noswiglu"}
 """``auto@X``: the FP8 variant of ``engine_for``'s ``fp8``."""
 
 

@@ -33,11 +33,11 @@ from scorer.settings import Settings, scorer_args_model
 
 VOCAB = 256
 CONFIG = EngineConfig(max_docs=64, max_doc_tokens=512)
-SCHEME_TOL = 1e-4
-"""Every scheme against naive on the FP8 model, as on the fp32 one (tests/test_engine.py): the
-activations are quantized per token, so a batch's other rows never change a row's scales; fp32
-rounding of the attention's order could move a value across an FP8 rounding boundary, which these
-calls do not show (measured largest difference: under 1e-5)."""
+SCHEME_TOL = 1e-3
+"""Every scheme against naive on the FP8 model. The activations are quantized per token, so a
+batch's other rows never change a row's scales, but the fp32 rounding of another attention order
+can move a value across an FP8 rounding boundary, which then moves the score by more than fp32's
+1e-4: measured 1.6e-4 in one call of the prefix-cache test, under 1e-5 in the others."""
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,9 @@ attention output, for the output projection).
 ``quantize_rows`` is the definition, in torch: each row's absmax in fp32, ``scale = absmax / 448``
 (a row of zeros gets ``MIN_AMAX``'s), ``q = x / scale`` in fp32 rounded to e4m3. The kernels compute
 their bf16 result as the unfused kernels would (fp32, rounded once to the activations' dtype), then
-quantize that row exactly as ``quantize_rows`` does (IEEE divisions, ``div_rn``; round to nearest
-even): on the same bf16 row they give the same bits, so the CPU reference (``quant.py``) sees the
+quantize that row exactly as ``quantize_rows`` does (the scale a product with ``INV_FP8_MAX``, the
+values an IEEE division, ``div_rn``; round to nearest even): on the same bf16 row they give the same
+bits, so the CPU reference (``quant.py``) sees the
 FP8 values the GPU multiplies. A row is whole in one program's registers (rows of up to
 ``MAX_WIDTH`` values; wider ones go to the torch path).
 
@@ -30,6 +31,10 @@ FP8_MAX = torch.finfo(FP8).max  # 448
 MIN_AMAX = 1e-12
 """A row whose absmax is below this (all zeros: padding rows of a graph bucket) gets the scale of
 this absmax, so its quantized values are finite (zero)."""
+INV_FP8_MAX = float(torch.tensor(1 / FP8_MAX, dtype=torch.float32))
+"""1 / 448 in fp32, exactly: the scale is ``absmax * INV_FP8_MAX``, one fp32 product that every
+device rounds alike (torch on CUDA divides by a Python scalar as a product with its reciprocal, on
+the CPU it divides: an H100 and the CPU differed in the last bit of some scales)."""
 MAX_WIDTH = 32768
 """The widest row a kernel holds whole (16 warps, 64 fp32 values a thread, twice that for
 SiLU-and-mul's gate and up): Qwen3-32B's MLP is 25,600 wide."""
@@ -49,10 +54,11 @@ class Quantized(NamedTuple):
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row of ``x`` [M, K] in FP8 with a scale of its own: ``(q [M, K] e4m3, scale [M, 1]
-    fp32)`` with ``x ~= q * scale``, ``scale = absmax / 448``. The absmax is exact in ``x``'s dtype
-    and the division is in fp32, so the CPU and the GPU give the same bits for the same ``x``."""
+    fp32)`` with ``x ~= q * scale``, ``scale = absmax / 448`` (as ``absmax * INV_FP8_MAX``). The
+    absmax is exact in ``x``'s dtype and the product and division are single fp32 operations, so the
+    CPU and the GPU give the same bits for the same ``x``."""
     amax = torch.linalg.vector_norm(x, float("inf"), dim=-1, keepdim=True, dtype=torch.float32)
-    scale = amax.clamp(min=MIN_AMAX) / FP8_MAX
+    scale = amax.clamp(min=MIN_AMAX) * INV_FP8_MAX
     # bf16 / fp32 divides in fp32 (one temporary). No clamp: the row's largest lands within a few
     # ulps of 448, which rounds to 448 (a value would need 464 to round past it)
     q = (x / scale).to(FP8)
@@ -132,7 +138,7 @@ def _launch(
         _quant_kernel[(triton.cdiv(rows, block_rows),)](
             x2, r2, x2 if weight is None else weight, q, scale, rows, x2.stride(0), r2.stride(0), float(eps),
             N=width, BLOCK_N=triton.next_power_of_2(width), BLOCK_ROWS=block_rows, MODE=mode,
-            FP8_MAX=FP8_MAX, MIN_AMAX=MIN_AMAX, num_warps=num_warps,
+            INV_FP8_MAX=INV_FP8_MAX, MIN_AMAX=MIN_AMAX, num_warps=num_warps,
         )  # fmt: skip
     return Quantized(q, scale)
 
@@ -143,7 +149,7 @@ if triton is not None:
     def _quant_kernel(
         x_ptr, r_ptr, w_ptr, q_ptr, s_ptr, n_rows, stride_x, stride_r, eps,
         N: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_ROWS: tl.constexpr, MODE: tl.constexpr,
-        FP8_MAX: tl.constexpr, MIN_AMAX: tl.constexpr,
+        INV_FP8_MAX: tl.constexpr, MIN_AMAX: tl.constexpr,
     ):  # fmt: skip
         """One program per BLOCK_ROWS rows, each whole in registers: the row's value in the
         activations' dtype (MODE: as it is; RMSNorm; residual add then RMSNorm; SiLU(gate) * up),
@@ -173,7 +179,7 @@ if triton is not None:
             w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
             y = (x32 * rstd[:, None] * w[None, :]).to(dtype).to(tl.float32)
         amax = tl.max(tl.abs(y), axis=1)
-        scale = tl.div_rn(tl.maximum(amax, MIN_AMAX), FP8_MAX)
+        scale = tl.maximum(amax, MIN_AMAX) * INV_FP8_MAX
         q = tl.div_rn(y, scale[:, None]).to(q_ptr.dtype.element_ty)
         tl.store(q_ptr + r64 * N + cols[None, :], q, mask=ok)
         tl.store(s_ptr + rows, scale, mask=row_ok)

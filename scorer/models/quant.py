@@ -181,10 +181,11 @@ def quantize_model(
     kernels' torch statements that way) the merged QKV and gate/up GEMMs stay merged,
     in FP8, and their inputs come quantized from the kernels that make them: the hidden-state norms
     (``RMSNorm.quantize``, the post-attention one with the residual add) and SiLU-and-mul
-    (``MLP.act``); only the attention output is quantized on its own, in one kernel. Elsewhere q, k
-    and v share one quantization of their input, gate and up another (``SharedInput``). Either way
-    the GEMMs that read bf16 weights (Triton's gate/up + SiLU, the residual add in the output and
-    down GEMMs) are switched off."""
+    (``MLP.act``; with ``DecoderLM.swiglu_gemm``, Triton's gate/up + SiLU GEMM on the FP8 operands,
+    then a quantization); only the attention output is quantized on its own, in one kernel.
+    Elsewhere q, k and v share one quantization of their input, gate and up another
+    (``SharedInput``), and the gate/up + SiLU GEMM is off. Either way the residual adds in the
+    output and down GEMMs, which read bf16 weights, give way."""
     dev = model.model.embed_tokens.weight.device
     dtype = model.model.embed_tokens.weight.dtype
     if problem := scaled_mm_supported(dev):
@@ -216,7 +217,7 @@ def quantize_model(
             mlp.gate_up = None
     if not fused:
         model.qkv_in_place = False
-    model.swiglu_gemm = False
+        model.swiglu_gemm = False
     model.residual_in_gemm = False
 
 

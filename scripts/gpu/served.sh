@@ -15,7 +15,8 @@
 #   prompts repeat), STEP (seconds per rate, default 5), HTTP=1 (the server also on --http-port 8080,
 #   and A-text's calls sent to it as Cohere /v2/rerank too: workload "A-text-cohere"), SWEEP (the
 #   rates of every workload's sweep; RATES_A, RATES_E, RATES_A_text: one workload's), ENGINE=0 (no
-#   engine run), SERVE_ARGS (more flags for every server), CHANNELS (the load tool's connections,
+#   engine run), ENGINE_SYSTEM (the engine's bench.throughput system, default auto; auto@fp8 beside
+#   SERVE_ARGS="--quantization fp8"), SERVE_ARGS (more flags for every server), CHANNELS (the load tool's connections,
 #   default 4: SO_REUSEPORT puts them on 2-3 of 4 front ends), LIGHT=RATE (light load only: no
 #   sweeps, the "10%" runs at RATE calls/s)
 #   -> $OUT/served.json, served.md, engine.json, light_load.json, reports.tgz, server-*.log
@@ -46,7 +47,7 @@ plain_w=$(echo "$WORKLOADS" | tr ' ' '\n' | grep -vx A-text | paste -sd, || true
 if [ "${ENGINE:-1}" = 1 ]; then
 echo "== engine alone: ${plain_w} ${cache_w}"
 python3 -m bench.throughput --out /tmp/engine --models qwen3-0.6b --workloads "$(echo $WORKLOADS | tr ' ' ,)" \
-  --systems auto --cache-systems auto --seconds 3 2>&1 | grep -E '^\|' || true
+  --systems "${ENGINE_SYSTEM:-auto}" --cache-systems auto --seconds 3 2>&1 | grep -E '^\|' || true
 cp /tmp/engine/throughput.json "$OUT/engine.json"
 else
   echo '{"records": []}' >"$OUT/engine.json"
