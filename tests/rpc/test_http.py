@@ -505,9 +505,9 @@ def test_metrics_count_each_call_under_its_api_and_grpc_code(live):
 
 @pytest.fixture
 def busy(engine):
-    """Every forward batch takes 0.3 s, and a batch waits up to 0.1 s for company while another is
-    in flight (an idle engine runs a call at once)."""
-    server = Live(engine, BatchPolicy(max_wait_s=0.1), DebugKnobs(forward_delay_s=0.3))
+    """Every forward batch takes 1 s, and a batch waits up to 0.5 s for company while another is
+    in flight (an idle engine runs a call at once): room for a busy machine's delays."""
+    server = Live(engine, BatchPolicy(max_wait_s=0.5), DebugKnobs(forward_delay_s=1.0))
     yield server
     server.close()
 
@@ -526,8 +526,12 @@ def test_an_http_and_a_grpc_call_arriving_together_run_in_one_batch(busy, engine
             grpc.aio.insecure_channel(f"127.0.0.1:{live.grpc_port}") as channel,
         ):
             stub = scorer_pb2_grpc.ScorerStub(channel)
+            launched = _sample("scorer_batch_requests_count")
             busy = asyncio.ensure_future(stub.ScoreDocs(blocker, timeout=60))  # an idle engine runs
-            await asyncio.sleep(0.1)  # a call at once: the two below arrive while it is in flight
+            deadline = time.monotonic() + 30  # a call at once: the two below arrive while it is in flight
+            while _sample("scorer_batch_requests_count") == launched:
+                assert time.monotonic() < deadline, "the blocker's batch never started"
+                await asyncio.sleep(0.01)
             replies = await asyncio.gather(
                 client.post("/v1/rerank", json={**Q, **D}, timeout=60), stub.ScoreDocs(request, timeout=60)
             )
@@ -538,7 +542,7 @@ def test_an_http_and_a_grpc_call_arriving_together_run_in_one_batch(busy, engine
     http_reply, grpc_reply = live.run(together())  # on the server's loop: one loop for grpc.aio
     calls, batched = (after - start for after, start in zip(batches(), before, strict=True))
 
-    assert (calls, batched) == (3, 2)  # the blocker alone; both calls in one batch (it waits 100 ms)
+    assert (calls, batched) == (3, 2)  # the blocker alone; both calls in one batch (it waits 500 ms)
     solo = engine.score(ScoreRequest(QUERY, [Doc(d) for d in DOCS], options=ScoreOptions(truncate="doc_end")))
     by_index = {r["index"]: r["relevance_score"] for r in http_reply.json()["results"]}
     assert by_index == pytest.approx({d.index: d.score for d in solo.results}, abs=TOLERANCE)
@@ -623,7 +627,8 @@ def test_a_taken_http_port_is_refused_at_start_with_exit_code_2(scorer_cache, se
 @needs_wiring
 def test_sigterm_drain_covers_http_calls(scorer_cache, server_logs):
     """Health turns 503 at once, calls are still served through the drain, the call in flight
-    finishes, then the port closes and the process exits 0."""
+    finishes, then the port closes and the process exits 0. The drain outlasts the test: a second
+    SIGTERM ends it once the call sent during it is taken."""
     port = free_port()
     args = [
         "--http-port",
@@ -631,20 +636,23 @@ def test_sigterm_drain_covers_http_calls(scorer_cache, server_logs):
         "--debug-forward-delay-ms",
         "1500",
         "--drain-seconds",
-        "1",
+        "600",
         "--max-wait-ms",
         "0",
     ]
     proc = start_server(scorer_cache, server_logs, args)
     url = f"http://127.0.0.1:{port}"
     body = json.dumps({**Q, "texts": DOCS})
+    tokenized = proc.metric("scorer_stage_duration_seconds_count", stage="tokenize")
     with ThreadPoolExecutor(2) as pool:
         in_flight = pool.submit(httpx.post, url + "/rerank", content=body, timeout=60)
         assert proc.wait_metric("scorer_inflight_requests", 1) >= 1
         proc.proc.send_signal(signal.SIGTERM)
-        time.sleep(0.2)
-        assert httpx.get(url + "/health").status_code == 503
+        assert _wait(lambda: httpx.get(url + "/health").status_code == 503), "health 200 after SIGTERM"
         during_drain = pool.submit(httpx.post, url + "/rerank", content=body, timeout=60)
+        taken = proc.wait_metric("scorer_stage_duration_seconds_count", tokenized + 2, 30, stage="tokenize")
+        assert taken == tokenized + 2, "the call sent during the drain was not taken"
+        proc.proc.send_signal(signal.SIGTERM)  # the drain ends: the port closes once both calls are done
         assert in_flight.result(60).status_code == 200
         assert during_drain.result(60).status_code == 200
     assert proc.proc.wait(60) == 0, proc.log()

@@ -55,8 +55,10 @@ def test_front_ends_join_share_batches_leave_and_the_engine_stops_with_its_owner
             assert max(s.batch_requests for s in scored) >= 2
 
             # a front end that leaves with a call on the engine: the engine drops it and goes on
-            leaving = asyncio.create_task(_score(front_a, "leaving"))
-            await asyncio.sleep(0.05)
+            job, _ = await front_a.tokenize(REQUEST)
+            leaving = asyncio.create_task(front_a.score(job, time.monotonic() + 30, "leaving"))
+            await asyncio.sleep(0)  # the task's first step sends the call, then awaits its answer
+            assert not leaving.done()  # sent: the engine reads it before the end of the link
             await a.close()
             with pytest.raises(Closed):
                 await leaving
