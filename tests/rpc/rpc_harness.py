@@ -27,6 +27,16 @@ SERVER_ARGS = os.environ.get("SCORER_TEST_SERVER_ARGS", "").split()
 CLIENT_OPTIONS = [("grpc.max_receive_message_length", 256 * 2**20)]
 
 
+def wait_for(predicate, timeout: float, what: str):
+    """Poll ``predicate`` until it returns something true, and return that; ``timeout`` only
+    bounds a test that would otherwise hang (it fails saying ``what``)."""
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+    return value
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -27,7 +27,7 @@ import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
-from rpc_harness import CLIENT_OPTIONS, REPO, ServerProcess, free_port, start_server
+from rpc_harness import CLIENT_OPTIONS, REPO, ServerProcess, free_port, start_server, wait_for
 from rpc_requests import FAULT_PROMPT, MAIN_SERVER_ARGS, random_request, solo
 from test_batching import TOLERANCE, batches_of_more_than_one
 from test_errors import BAD_INPUTS
@@ -168,14 +168,6 @@ def listening(port: int) -> bool:
         except OSError:
             return True
     return False
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
-    return value
 
 
 def engine_calls(server: ServerProcess) -> float:

@@ -8,31 +8,28 @@ from __future__ import annotations
 
 import re
 import signal
-import time
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2
-from rpc_harness import ServerProcess, start_server
+from rpc_harness import ServerProcess, start_server, wait_for
 
 from scorer.v1 import scorer_pb2 as pb
 
 DRAIN_S = 600.0
 FORWARD_DELAY_S = 0.3
 BATCH_TOKENS = 64  # a call of the default template (74 tokens and more) runs in a batch of its own
+REFUSING = r"refusing new calls; (\d+) in flight"  # logged by each process that answers calls
+
+
+def call(request_id: str) -> pb.ScoreDocsRequest:
+    return pb.ScoreDocsRequest(prompt="q", docs=[pb.Doc(text="d")], request_id=request_id)
 
 
 def answering_processes(server: ServerProcess) -> int:
     """The processes that answer calls: each front end of a split server, else the server."""
     split = re.search(r"in (\d+) front-end processes", server.log())
     return int(split.group(1)) if split else 1
-
-
-def wait_for(predicate, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.02)
 
 
 @pytest.mark.slow
@@ -43,36 +40,31 @@ def test_sigterm_during_load_completes_every_call_in_flight_and_exits_0(scorer_c
     tokenized = server.metric("scorer_stage_duration_seconds_count", stage="tokenize")
 
     def send(name: str, calls: int) -> list[grpc.Future]:
-        return [
-            stub.ScoreDocs.future(
-                pb.ScoreDocsRequest(prompt="q", docs=[pb.Doc(text="d")], request_id=f"{name}-{i}"), timeout=60
-            )
-            for i in range(calls)
-        ]
+        return [stub.ScoreDocs.future(call(f"{name}-{i}"), timeout=60) for i in range(calls)]
 
     before = send("pre", 8)  # 8 batches of FORWARD_DELAY_S: still computing when the drain ends
     server.wait_metric("scorer_batch_requests_count", 1)
 
     server.proc.send_signal(signal.SIGTERM)
-    wait_for(
-        lambda: server.health() == health_pb2.HealthCheckResponse.NOT_SERVING, "health SERVING after SIGTERM"
-    )
+    not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
+    wait_for(lambda: server.health() == not_serving, 30, "health SERVING after SIGTERM")
     during = send("drain", 3)
-    wait_for(  # every call sent is in the server's hands: the drain served them all
-        lambda: server.metric("scorer_stage_duration_seconds_count", stage="tokenize") >= tokenized + 11,
+    wait_for(  # every call sent is in the server's hands: the drain took them all
+        lambda: (
+            server.metric("scorer_stage_duration_seconds_count", stage="tokenize")
+            >= tokenized + len(before) + len(during)
+        ),
+        30,
         "the calls sent during the drain were not taken",
     )
     server.proc.send_signal(signal.SIGTERM)  # the drain ends: new calls are refused
     wait_for(
-        lambda: (
-            len(re.findall(r"refusing new calls; \d+ in flight", server.log())) == answering_processes(server)
-        ),
+        lambda: len(re.findall(REFUSING, server.log())) == answering_processes(server),
+        30,
         "the drain did not end on the second SIGTERM",
     )
     with pytest.raises(grpc.RpcError) as refused:
-        stub.ScoreDocs(
-            pb.ScoreDocsRequest(prompt="q", docs=[pb.Doc(text="d")], request_id="after-drain"), timeout=10
-        )
+        stub.ScoreDocs(call("after-drain"), timeout=10)
 
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
     for future in [*before, *during]:
@@ -81,6 +73,5 @@ def test_sigterm_during_load_completes_every_call_in_flight_and_exits_0(scorer_c
     log = server.log()
     assert "NOT_SERVING; still serving new calls" in log and "stopped" in log
     assert "request_id=after-drain" not in log
-    # one line per process that answers calls (each front end of a split server)
-    in_flight = [int(n) for n in re.findall(r"refusing new calls; (\d+) in flight", log)]
+    in_flight = [int(n) for n in re.findall(REFUSING, log)]
     assert in_flight and sum(in_flight) > 0, "no call was in flight when the drain ended"
