@@ -527,8 +527,10 @@ def test_an_http_and_a_grpc_call_arriving_together_run_in_one_batch(busy, engine
         ):
             stub = scorer_pb2_grpc.ScorerStub(channel)
             launched = _sample("scorer_batch_requests_count")
-            busy = asyncio.ensure_future(stub.ScoreDocs(blocker, timeout=60))  # an idle engine runs
-            deadline = time.monotonic() + 30  # a call at once: the two below arrive while it is in flight
+            busy = asyncio.ensure_future(stub.ScoreDocs(blocker, timeout=60))
+            # an idle engine runs a call at once: the two below are sent once the blocker's batch
+            # is launched, so they arrive while it is in flight
+            deadline = time.monotonic() + 30
             while _sample("scorer_batch_requests_count") == launched:
                 assert time.monotonic() < deadline, "the blocker's batch never started"
                 await asyncio.sleep(0.01)
