@@ -8,8 +8,8 @@ the first block's predecessor being the digest of the salt (``block_digests``). 
 block's whole prefix and salt, a hit is exact to a 256-bit hash's collision resistance (as
 vLLM's sha256 prefix hashing), and calls with different salts never share K/V. A prompt's digests
 are computed once (~0.6 us a block on a 2-core VM) and kept with the prompts matched lately,
-which are found by the digest of their salt and ids (``prompt_key``: ~3 us per 1,000 ids), so a
-repeated prompt costs a hash of its bytes, not a step per block.
+found by the SHA-256 of their salt and ids (``prompt_key``: ~3 us per 1,000 ids, once per call),
+so a repeated prompt costs a hash of its bytes, not a step per block.
 Every batch on the cache holds a ``Lease``: the deepest block of each prompt it reads and every
 block it writes (reference counted), the blocks it writes being indexed when the batch is planned,
 so a later call of the same batch or of the next batch reads them (the device runs batches in
@@ -45,7 +45,7 @@ import torch
 from . import metrics
 from .options import CPU_AUTO_MIB, GPU_AUTO_SHARE
 from .planning.cached import NO_HIT, PrefixHit
-from .token_ids import DTYPE, TokenIds
+from .token_ids import TokenIds
 
 BLOCK = 16
 """Prompt tokens per index block: a prompt is cached and matched in whole blocks."""
@@ -61,9 +61,8 @@ DIGEST = 32
 """Bytes of a block's digest (BLAKE2b-256)."""
 
 
-def id_bytes(ids: Sequence[int]) -> bytes:
-    """Token ids as the cache hashes them: uint32, little-endian."""
-    return ids.data if isinstance(ids, TokenIds) else np.asarray(ids, dtype=DTYPE).tobytes()
+def as_ids(ids: Sequence[int]) -> TokenIds:
+    return ids if isinstance(ids, TokenIds) else TokenIds(ids)
 
 
 def _salt_digest(salt: str) -> bytes:
@@ -71,7 +70,7 @@ def _salt_digest(salt: str) -> bytes:
 
 
 def block_digests(data: bytes, salt: str, block: int, n: int) -> list[bytes]:
-    """The chain digests of the first ``n`` blocks of ``block`` ids of ``data`` (``id_bytes``):
+    """The chain digests of the first ``n`` blocks of ``block`` ids of ``data`` (``TokenIds.data``):
     block ``i``'s is BLAKE2b-256 of block ``i - 1``'s and its ids' bytes, block 0's predecessor
     the salt's digest. Equal for equal (salt, ids up to the block's end), else different but for
     a collision of the hash."""
@@ -83,10 +82,10 @@ def block_digests(data: bytes, salt: str, block: int, n: int) -> list[bytes]:
     return out
 
 
-def prompt_key(data: bytes, salt: str) -> bytes:
-    """A prompt's digest under ``salt`` (BLAKE2b-256 of the salt's digest and the ids' bytes): what
-    the prompts matched lately are found by."""
-    return hashlib.blake2b(_salt_digest(salt) + data, digest_size=DIGEST, person=b"scorer-prompt").digest()
+def prompt_key(ids: TokenIds, salt: str) -> bytes:
+    """A prompt's digest under ``salt`` (SHA-256 of the salt's digest and that of the ids, which
+    ``ids`` keeps): what the prompts matched lately are found by."""
+    return hashlib.sha256(_salt_digest(salt) + ids.digest()).digest()
 
 
 def slot_bytes(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
@@ -226,12 +225,12 @@ class PrefixCache:
         and the digests of every whole block before that token. ``hint``: the blocks an earlier
         match found. A prompt matched lately (the next page of a query, the same user's context)
         is remembered whole: its ids are hashed once, not per block."""
-        data = id_bytes(ids)
-        key = prompt_key(data, salt)
+        ids = as_ids(ids)
+        key = prompt_key(ids, salt)
         recent = self._recent.get(key)
         if recent is None:
-            n = max(0, (len(data) // 4 - 1) // self.block)
-            digests, known, slots = block_digests(data, salt, self.block, n), (), None
+            n = max(0, (len(ids) - 1) // self.block)
+            digests, known, slots = block_digests(ids.data, salt, self.block, n), (), None
         else:
             digests, known, slots = recent
         if hint and len(hint) > len(known):
