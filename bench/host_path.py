@@ -21,7 +21,7 @@ milliseconds per call over the reuse pattern (a prompt's first call misses, its 
 the cache, the rest read it); records appended to ``host_path_long.json`` under ``--label``.
 
     python -m bench.host_path [--calls 120] [--batch 6] [--out out/]
-    python -m bench.host_path --workload long [--calls 200] [--label NAME] [--out out/]
+    python -m bench.host_path --workload long [--calls 200] [--prompt-tokens 8000] [--label NAME] [--out out/]
 """
 
 from __future__ import annotations
@@ -147,14 +147,16 @@ def long_checkpoint(root: Path) -> Path:
     return path
 
 
-def long_calls(n: int, seed: int = 3) -> list[bytes]:
-    """``n`` calls of ``LONG_GEN`` (its prompts and docs drawn from ``seed``), serialized."""
+def long_calls(n: int, seed: int = 3, prompt_tokens: int = 8000) -> list[bytes]:
+    """``n`` calls of ``LONG_GEN`` (its prompts and docs drawn from ``seed``; prompts of
+    ``prompt_tokens`` ids), serialized."""
     from loadtest.gen import main as gen_main
     from loadtest.gen import read_jsonl
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "long.jsonl"
-        gen_main(["--out", str(out), "--requests", str(n), *LONG_GEN.split(), "--seed", str(seed)])
+        args = [*LONG_GEN.split(), "--seed", str(seed), "--prompt-tokens", str(prompt_tokens)]
+        gen_main(["--out", str(out), "--requests", str(n), *args])
         return [r.SerializeToString() for r in read_jsonl(out)]
 
 
@@ -205,9 +207,9 @@ def main_long(a: argparse.Namespace) -> None:
     root.mkdir(exist_ok=True)
     config = EngineConfig(auto_policy="calibrated")
     engine = build_engine(long_checkpoint(root), "torch", "cpu", None, config=config, prefix_cache_mib=64)
-    measure_long(engine, long_calls(20, seed=4))  # first-use costs, on prompts of their own
+    measure_long(engine, long_calls(20, 4, a.prompt_tokens))  # first-use costs, on prompts of their own
     engine.cache.clear()
-    calls = long_calls(a.calls)
+    calls = long_calls(a.calls, prompt_tokens=a.prompt_tokens)
     ms = measure_long(engine, calls)
     stats = engine.cache.stats
     hit = stats["hit_tokens"] / max(1, stats["lookup_tokens"])
@@ -215,9 +217,13 @@ def main_long(a: argparse.Namespace) -> None:
     print(f"| code | {' | '.join(LONG_STAGES)} | total |")
     print("|---|" + "---:|" * (len(LONG_STAGES) + 1))
     print(f"| {a.label} | {' | '.join(f'{ms[k]:.3f}' for k in LONG_STAGES)} | {total:.3f} |")
-    print(f"\nmean ms per call over {len(calls)} calls; prompt tokens read from the cache: {hit:.1%}")
+    print(
+        f"\nmean ms per call over {len(calls)} calls of {a.prompt_tokens} prompt ids;"
+        f" read from the cache: {hit:.1%}"
+    )
     if a.out:
         record = {"label": a.label, "env": environment(engine.device), "calls": len(calls), "gen": LONG_GEN}
+        record["prompt_tokens"] = a.prompt_tokens
         record |= {"ms": ms, "total_ms": total, "cache_hit_share": hit}
         append_records(a.out / "host_path_long.json", [record])
 
@@ -238,6 +244,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--workload", choices=("short", "long"), default="short")
     ap.add_argument("--label", default="", help="--workload long: the code measured, in its record")
+    ap.add_argument("--prompt-tokens", type=int, default=8000, help="--workload long: the prompt's ids")
     a = ap.parse_args(argv)
     if a.workload == "long":
         return main_long(a)
