@@ -18,10 +18,12 @@ its answer back), then in the engine process peeked at the cache (``peek``), its
 on the cache (``reserve``) and planned on the pool (``plan``: the rest of ``_plan_on_cache``)
 and its token ids laid out (``logical_tokens``), and the answer built (``respond``). Mean
 milliseconds per call over the reuse pattern (a prompt's first call misses, its second writes
-the cache, the rest read it); records appended to ``host_path_long.json`` under ``--label``.
+the cache, the rest read it), for prompts of each ``--prompt-tokens`` length, their calls
+interleaved (a busy host slows them alike), and the host cost per 1,000 prompt ids between the
+shortest and the longest; records appended to ``host_path_long.json`` under ``--label``.
 
     python -m bench.host_path [--calls 120] [--batch 6] [--out out/]
-    python -m bench.host_path --workload long [--calls 200] [--prompt-tokens 8000] [--label NAME] [--out out/]
+    python -m bench.host_path --workload long [--calls 200] [--prompt-tokens 2000,8000] [--label L] [--out D]
 """
 
 from __future__ import annotations
@@ -160,16 +162,20 @@ def long_calls(n: int, seed: int = 3, prompt_tokens: int = 8000) -> list[bytes]:
         return [r.SerializeToString() for r in read_jsonl(out)]
 
 
-def measure_long(engine, calls: list[bytes]) -> dict[str, float]:
-    """Mean ms per call of each stage of ``LONG_STAGES`` (see the module's doc)."""
+def measure_long(engine, streams: dict[int, list[bytes]]) -> dict[int, tuple[dict[str, float], float]]:
+    """Per stream (its prompt length: its calls), the mean ms per call of each stage of
+    ``LONG_STAGES`` (see the module's doc) and the share of its prompt ids read from the cache. The
+    streams' calls are interleaved, one of each in turn, so that each sees the host as the others."""
     front = Tokenizing(engine.tokenizer, engine.info)  # a front end's: no cache
-    times: dict[str, list[float]] = {k: [] for k in LONG_STAGES}
+    times = {n: {k: [] for k in LONG_STAGES} for n in streams}
+    hits = dict.fromkeys(streams, 0)
     reserve = engine.cache.reserve
+    now: dict[str, list[float]] = {}
 
     def timed(stage: str, fn, *args):
         t0 = time.perf_counter()
         out = fn(*args)
-        times[stage].append((time.perf_counter() - t0) * 1e3)
+        now[stage].append((time.perf_counter() - t0) * 1e3)
         return out
 
     def timed_reserve(prompts):
@@ -177,29 +183,37 @@ def measure_long(engine, calls: list[bytes]) -> dict[str, float]:
 
     engine.cache.reserve = timed_reserve
     try:
-        for i, raw in enumerate(calls):
-            msg = timed("parse", pb.ScoreDocsRequest.FromString, raw)
-            req = timed("convert", request_from_proto, msg, str(i))
-            job = timed("tokenize", front.tokenize, req)
-            t0 = time.perf_counter()
-            sent = _round_trip(for_engine(job))[0]
-            link = time.perf_counter() - t0
-            sent = timed("peek", engine.peeked, sent)
-            t0 = time.perf_counter()
-            plan, lease, cached = engine._plan_on_cache([sent])
-            times["plan"].append((time.perf_counter() - t0) * 1e3 - times["reserve"][-1])
-            timed("logical_tokens", logical_tokens, [sent], engine.device, cached)
-            if lease is not None:
-                lease.release()
-            result = readout.result(job, [(-0.1, -2.0)] * len(job.items), cached[0] if cached else 0)
-            scored = Scored(result, 0.0, 0.0, 1)
-            t0 = time.perf_counter()
-            _round_trip(scored)
-            times["link"].append((link + time.perf_counter() - t0) * 1e3)
-            timed("respond", _respond, job, scored)
+        for i in range(max(map(len, streams.values()))):
+            for n, calls in streams.items():
+                if i >= len(calls):
+                    continue
+                now = times[n]
+                msg = timed("parse", pb.ScoreDocsRequest.FromString, calls[i])
+                req = timed("convert", request_from_proto, msg, str(i))
+                job = timed("tokenize", front.tokenize, req)
+                t0 = time.perf_counter()
+                sent = _round_trip(for_engine(job))[0]
+                link = time.perf_counter() - t0
+                sent = timed("peek", engine.peeked, sent)
+                t0 = time.perf_counter()
+                plan, lease, cached = engine._plan_on_cache([sent])
+                now["plan"].append((time.perf_counter() - t0) * 1e3 - now["reserve"][-1])
+                timed("logical_tokens", logical_tokens, [sent], engine.device, cached)
+                if lease is not None:
+                    lease.release()
+                hits[n] += cached[0] if cached else 0
+                result = readout.result(job, [(-0.1, -2.0)] * len(job.items), cached[0] if cached else 0)
+                scored = Scored(result, 0.0, 0.0, 1)
+                t0 = time.perf_counter()
+                _round_trip(scored)
+                now["link"].append((link + time.perf_counter() - t0) * 1e3)
+                timed("respond", _respond, job, scored)
     finally:
         del engine.cache.reserve
-    return {k: statistics.fmean(v) for k, v in times.items()}
+    return {
+        n: ({k: statistics.fmean(v) for k, v in times[n].items()}, hits[n] / (n * len(streams[n])))
+        for n in streams
+    }
 
 
 def main_long(a: argparse.Namespace) -> None:
@@ -207,25 +221,30 @@ def main_long(a: argparse.Namespace) -> None:
     root.mkdir(exist_ok=True)
     config = EngineConfig(auto_policy="calibrated")
     engine = build_engine(long_checkpoint(root), "torch", "cpu", None, config=config, prefix_cache_mib=64)
-    measure_long(engine, long_calls(20, 4, a.prompt_tokens))  # first-use costs, on prompts of their own
+    sizes = sorted(int(n) for n in a.prompt_tokens.split(","))
+    # prompts of their own for each length (one seed's would share their heads) and for the warm-up
+    seeds = {n: 3 + k for k, n in enumerate(reversed(sizes))}  # the longest: LONG_GEN's
+    measure_long(engine, {n: long_calls(20, 100 + seeds[n], n) for n in sizes})  # first-use costs
     engine.cache.clear()
-    calls = long_calls(a.calls, prompt_tokens=a.prompt_tokens)
-    ms = measure_long(engine, calls)
-    stats = engine.cache.stats
-    hit = stats["hit_tokens"] / max(1, stats["lookup_tokens"])
-    total = sum(ms.values())
-    print(f"| code | {' | '.join(LONG_STAGES)} | total |")
-    print("|---|" + "---:|" * (len(LONG_STAGES) + 1))
-    print(f"| {a.label} | {' | '.join(f'{ms[k]:.3f}' for k in LONG_STAGES)} | {total:.3f} |")
-    print(
-        f"\nmean ms per call over {len(calls)} calls of {a.prompt_tokens} prompt ids;"
-        f" read from the cache: {hit:.1%}"
-    )
+    measured = measure_long(engine, {n: long_calls(a.calls, seeds[n], n) for n in sizes})
+    totals = {n: sum(ms.values()) for n, (ms, _) in measured.items()}
+    per_1k = (totals[sizes[-1]] - totals[sizes[0]]) / (sizes[-1] - sizes[0]) * 1e3 if len(sizes) > 1 else None
+    print(f"| code | prompt ids | {' | '.join(LONG_STAGES)} | total | prompt read from the cache |")
+    print("|---|---:|" + "---:|" * (len(LONG_STAGES) + 2))
+    for n, (ms, hit) in measured.items():
+        cols = " | ".join(f"{ms[k]:.3f}" for k in LONG_STAGES)
+        print(f"| {a.label} | {n} | {cols} | {totals[n]:.3f} | {hit:.1%} |")
+    print(f"\nmean ms per call over {a.calls} calls of each prompt length, interleaved")
+    if per_1k is not None:
+        print(f"host ms per 1,000 prompt ids ({sizes[0]} -> {sizes[-1]}): {per_1k:.3f}")
     if a.out:
-        record = {"label": a.label, "env": environment(engine.device), "calls": len(calls), "gen": LONG_GEN}
-        record["prompt_tokens"] = a.prompt_tokens
-        record |= {"ms": ms, "total_ms": total, "cache_hit_share": hit}
-        append_records(a.out / "host_path_long.json", [record])
+        env = environment(engine.device)
+        records = [
+            {"label": a.label, "env": env, "calls": a.calls, "gen": LONG_GEN, "prompt_tokens": n, "ms": ms}
+            | {"total_ms": totals[n], "cache_hit_share": hit, "ms_per_1k_prompt_ids": per_1k}
+            for n, (ms, hit) in measured.items()
+        ]
+        append_records(a.out / "host_path_long.json", records)
 
 
 def _respond(job, scored: Scored) -> bytes:
@@ -244,7 +263,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--workload", choices=("short", "long"), default="short")
     ap.add_argument("--label", default="", help="--workload long: the code measured, in its record")
-    ap.add_argument("--prompt-tokens", type=int, default=8000, help="--workload long: the prompt's ids")
+    ap.add_argument(
+        "--prompt-tokens",
+        default="2000,8000",
+        help="--workload long: the prompts' ids, comma-separated (interleaved; the host cost per 1,000"
+        " ids from the shortest to the longest)",
+    )
     a = ap.parse_args(argv)
     if a.workload == "long":
         return main_long(a)

@@ -26,13 +26,18 @@ def test_host_path_times_the_long_repeated_prompt_stage_by_stage(tmp_path, monke
     import tempfile
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # its 40,960-position checkpoint
-    host_path.main(["--workload", "long", "--calls", "20", "--label", "this tree", "--out", str(tmp_path)])
-    [record] = json.loads((tmp_path / "host_path_long.json").read_text())["records"]
-    assert set(record["ms"]) == set(host_path.LONG_STAGES) and all(v > 0 for v in record["ms"].values())
-    assert record["label"] == "this tree"
+    args = ["--workload", "long", "--calls", "20", "--prompt-tokens", "8000,500", "--label", "this tree"]
+    host_path.main([*args, "--out", str(tmp_path)])
+    records = json.loads((tmp_path / "host_path_long.json").read_text())["records"]
+    assert [r["prompt_tokens"] for r in records] == [500, 8000]
+    for r in records:
+        assert set(r["ms"]) == set(host_path.LONG_STAGES) and all(v > 0 for v in r["ms"].values())
+        assert r["label"] == "this tree" and r["ms_per_1k_prompt_ids"] is not None
     # per prompt, 8 of its 10 calls read all of it but its last block (the first is seen, the second writes)
-    assert record["cache_hit_share"] == pytest.approx(8 * (8000 - 16) / (10 * 8000))
-    assert "| this tree |" in capsys.readouterr().out
+    assert records[1]["cache_hit_share"] == pytest.approx(8 * (8000 - 16) / (10 * 8000))
+    assert records[0]["cache_hit_share"] == pytest.approx(8 * (500 - 4) / (10 * 500))  # 496: 31 whole blocks
+    out = capsys.readouterr().out
+    assert "| this tree | 8000 |" in out and "per 1,000 prompt ids (500 -> 8000)" in out
 
 
 def test_the_host_only_engine_answers_every_call_from_the_prefix_cache_s_plan(tmp_path, monkeypatch):
