@@ -224,9 +224,14 @@ def main_long(a: argparse.Namespace) -> None:
     sizes = sorted(int(n) for n in a.prompt_tokens.split(","))
     # prompts of their own for each length (one seed's would share their heads) and for the warm-up
     seeds = {n: 3 + k for k, n in enumerate(reversed(sizes))}  # the longest: LONG_GEN's
-    measure_long(engine, {n: long_calls(20, 100 + seeds[n], n) for n in sizes})  # first-use costs
-    engine.cache.clear()
-    measured = measure_long(engine, {n: long_calls(a.calls, seeds[n], n) for n in sizes})
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as a GPU server's engine process (--host-threads 1)
+    try:
+        measure_long(engine, {n: long_calls(20, 100 + seeds[n], n) for n in sizes})  # first-use costs
+        engine.cache.clear()
+        measured = measure_long(engine, {n: long_calls(a.calls, seeds[n], n) for n in sizes})
+    finally:
+        torch.set_num_threads(threads)
     totals = {n: sum(ms.values()) for n, (ms, _) in measured.items()}
     per_1k = (totals[sizes[-1]] - totals[sizes[0]]) / (sizes[-1] - sizes[0]) * 1e3 if len(sizes) > 1 else None
     print(f"| code | prompt ids | {' | '.join(LONG_STAGES)} | total | prompt read from the cache |")
@@ -234,7 +239,7 @@ def main_long(a: argparse.Namespace) -> None:
     for n, (ms, hit) in measured.items():
         cols = " | ".join(f"{ms[k]:.3f}" for k in LONG_STAGES)
         print(f"| {a.label} | {n} | {cols} | {totals[n]:.3f} | {hit:.1%} |")
-    print(f"\nmean ms per call over {a.calls} calls of each prompt length, interleaved")
+    print(f"\nmean ms per call over {a.calls} calls of each prompt length, interleaved; torch on 1 thread")
     if per_1k is not None:
         print(f"host ms per 1,000 prompt ids ({sizes[0]} -> {sizes[-1]}): {per_1k:.3f}")
     if a.out:

@@ -3,7 +3,8 @@ prompt and 32 docs of 4 ids, token ids, each prompt reused by 10 calls in a row)
 gRPC front ends of ``scorer serve`` (``--frontends 0``: one process; 1, 2: front-end processes
 and the link) to an engine that does a GPU engine's host work for each batch (the prefix cache's
 reservation, the plan on its pool, the batch's token ids) and skips the model's forward
-(``HostOnlyEngine``): what the host path alone can serve.
+(``HostOnlyEngine``; torch on one thread, as a GPU server's ``--host-threads 1``): what the host
+path alone can serve.
 
 A closed loop of ``--concurrency`` calls in flight, each on a connection of its own (the kernel
 spreads connections over the front ends), sending the serialized calls in order; calls/s over
@@ -75,6 +76,7 @@ def serve(argv: list[str]) -> int:
         return engine
 
     Settings.build_engine = host_only
+    torch.set_num_threads(1)  # as a GPU server's engine process (--host-threads 1)
     parser = argparse.ArgumentParser(prog="python -m bench.host_served --serve")
     add_arguments(parser, SERVE)
     return run(parser.parse_args(argv))
