@@ -74,12 +74,40 @@ def block_digests(data: bytes, salt: str, block: int, n: int) -> list[bytes]:
     block ``i``'s is BLAKE2b-256 of block ``i - 1``'s and its ids' bytes, block 0's predecessor
     the salt's digest. Equal for equal (salt, ids up to the block's end), else different but for
     a collision of the hash."""
-    view, size = memoryview(data), 4 * block
-    digest, out = _salt_digest(salt), []
-    for i in range(n):
-        digest = hashlib.blake2b(digest + view[i * size : (i + 1) * size], digest_size=DIGEST).digest()
-        out.append(digest)
+    out: list[bytes] = []
+    _extend(out, memoryview(data), salt, block, n)
     return out
+
+
+def _extend(digests: list[bytes], data: memoryview, salt: str, block: int, n: int) -> None:
+    """``digests`` (a prompt's first, as ``block_digests``) grown to ``n``."""
+    digest, size = digests[-1] if digests else _salt_digest(salt), 4 * block
+    for i in range(len(digests), n):
+        digest = hashlib.blake2b(digest + data[i * size : (i + 1) * size], digest_size=DIGEST).digest()
+        digests.append(digest)
+
+
+class _Chain:
+    """A prompt's block digests (``block_digests``) of the ``n`` blocks ``_match`` can read,
+    computed as far as they are asked for: a prompt whose first block is not cached needs one
+    (~0.6 us a block on a 2-core VM), until it is written (``_insert``: all of them)."""
+
+    __slots__ = ("data", "salt", "block", "n", "digests")
+
+    def __init__(self, ids: TokenIds, salt: str, block: int) -> None:
+        self.data: memoryview | None = memoryview(ids.data)
+        self.salt, self.block = salt, block
+        self.n = max(0, (len(ids) - 1) // block)
+        self.digests: list[bytes] = []
+
+    def grow(self, k: int) -> list[bytes]:
+        """The digests, the first ``k`` (at most ``n``) computed."""
+        k = min(k, self.n)
+        if len(self.digests) < k:
+            _extend(self.digests, self.data, self.salt, self.block, k)
+            if k == self.n:
+                self.data = None  # every digest made: the ids are no longer needed
+        return self.digests
 
 
 def prompt_key(ids: TokenIds, salt: str) -> bytes:
@@ -179,7 +207,7 @@ class PrefixCache:
         self._leaves: OrderedDict[int, _Block] = OrderedDict()  # blocks without children, LRU first
         self._ids = 0
         # prompt_key -> (its block digests, its cached blocks when last matched, their slots)
-        self._recent: OrderedDict[bytes, tuple[list[bytes], tuple, torch.Tensor | None]] = OrderedDict()
+        self._recent: OrderedDict[bytes, tuple[_Chain, tuple, torch.Tensor | None]] = OrderedDict()
         if admit not in (1, 2):
             raise ValueError(
                 f"admit is 1 (cache a block when first seen) or 2 (when seen again), not {admit}"
@@ -218,28 +246,26 @@ class PrefixCache:
 
     def _match(
         self, ids: Sequence[int], salt: str, hint: tuple = (), want_slots: bool = True
-    ) -> tuple[tuple, torch.Tensor | None, list[bytes]]:
+    ) -> tuple[tuple, torch.Tensor | None, _Chain]:
         """The cached blocks of ``ids`` and their slots (None unless ``want_slots``: a peek, on
         every call's way in, needs none; the batch's reservation makes them), leaving at least its
         last token to compute (its row carries the prompt's queries into every scheme's requests),
-        and the digests of every whole block before that token. ``hint``: the blocks an earlier
-        match found. A prompt matched lately (the next page of a query, the same user's context)
-        is remembered whole: its ids are hashed once, not per block."""
+        and its chain of block digests. ``hint``: the blocks an earlier match found. A prompt
+        matched lately (the next page of a query, the same user's context) is remembered whole:
+        its ids are hashed once, not per block."""
         ids = as_ids(ids)
         key = prompt_key(ids, salt)
-        recent = self._recent.get(key)
-        if recent is None:
-            n = max(0, (len(ids) - 1) // self.block)
-            digests, known, slots = block_digests(ids.data, salt, self.block, n), (), None
-        else:
-            digests, known, slots = recent
+        chain, known, slots = self._recent.get(key) or (_Chain(ids, salt, self.block), (), None)
         if hint and len(hint) > len(known):
             known, slots = hint, None
         if known and not known[-1].live:  # the deepest live: every one live
             known, slots = (), None
         out = list(known)
-        for digest in digests[len(out) :]:
-            blk = self._index.get(digest)
+        digests = chain.digests
+        while len(out) < chain.n:
+            if len(out) == len(digests):
+                chain.grow(2 * len(out) + 1)  # doubling: a prompt not cached hashes its first block
+            blk = self._index.get(digests[len(out)])
             if blk is None:
                 break
             out.append(blk)
@@ -248,11 +274,11 @@ class PrefixCache:
         if slots is None and want_slots:
             slots = self.slots([blk.page for blk in out])
         blocks = tuple(out)
-        self._recent[key] = (digests, blocks, slots)
+        self._recent[key] = (chain, blocks, slots)
         self._recent.move_to_end(key)
         if len(self._recent) > RECENT:
             self._recent.popitem(last=False)
-        return blocks, slots, digests
+        return blocks, slots, chain
 
     def reserve(
         self, prompts: Sequence[tuple[Sequence[int], str, tuple] | None]
@@ -270,7 +296,7 @@ class PrefixCache:
                     hits.append(NO_HIT)
                     continue
                 ids, salt, hint = prompt
-                blocks, slots, digests = self._match(ids, salt, hint)
+                blocks, slots, chain = self._match(ids, salt, hint)
                 hit = len(blocks) * self.block
                 hit_tokens += hit
                 lookup_tokens += len(ids)
@@ -280,7 +306,7 @@ class PrefixCache:
                     lease.held.append(deepest)
                     if deepest.id in self._leaves:
                         self._leaves.move_to_end(deepest.id)
-                new = self._insert(digests, blocks[-1] if blocks else None, len(blocks), lease)
+                new = self._insert(chain.grow(chain.n), blocks[-1] if blocks else None, len(blocks), lease)
                 hits.append(PrefixHit(slots, self.slots([blk.page for blk in new])))
             self.stats["hit_tokens"] += hit_tokens
             self.stats["lookup_tokens"] += lookup_tokens

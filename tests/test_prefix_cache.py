@@ -251,6 +251,20 @@ def test_a_prompt_matched_lately_is_found_by_all_of_its_ids_and_its_salt():
     assert [cache.peek(p)[0] for p in (prompt, changed)] == [10 * BLOCK, 5 * BLOCK]
 
 
+def test_a_prompt_s_digests_are_made_as_far_as_its_match_needs_and_all_when_it_is_seen():
+    """A peek at a prompt whose first block is not cached hashes that block alone (a unique query
+    on its way in); its reservation makes every digest (admission remembers them all), the same
+    as ``block_digests``."""
+    cache = PrefixCache(64 * BLOCK, 1, 1, 8, torch.float32, torch.device("cpu"), admit=2)
+    prompt = TokenIds(range(1, 10 * BLOCK + 2))
+    assert cache.peek(prompt)[0] == 0
+    [(chain, _, _)] = cache._recent.values()
+    assert len(chain.digests) == 1
+    _, lease = cache.reserve([(prompt, "", ())])
+    lease.release()
+    assert chain.digests == block_digests(prompt.data, "", BLOCK, 10) and len(cache._seen) == 10
+
+
 def test_admit_is_one_or_two(off):
     mc = off.runner.model.config
     with pytest.raises(ValueError, match="admit"):
