@@ -263,7 +263,7 @@ class PrefixCache:
         out = list(known)
         digests = chain.digests
         while len(out) < chain.n:
-            if len(out) == len(digests):
+            if len(out) >= len(digests):  # (a hint's blocks may be past a new chain's digests)
                 chain.grow(2 * len(out) + 1)  # doubling: a prompt not cached hashes its first block
             blk = self._index.get(digests[len(out)])
             if blk is None:

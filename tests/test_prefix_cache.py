@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from scorer import metrics
 from scorer.engine import Engine, EngineConfig
 from scorer.planning import REGISTRY
-from scorer.prefix_cache import BLOCK, SPARE_SLOTS, PrefixCache, block_digests, prompt_key
+from scorer.prefix_cache import BLOCK, RECENT, SPARE_SLOTS, PrefixCache, block_digests, prompt_key
 from scorer.request import Doc, ScoreOptions, ScoreRequest
 from scorer.runtime import build_engine
 from scorer.token_ids import TokenIds
@@ -263,6 +263,23 @@ def test_a_prompt_s_digests_are_made_as_far_as_its_match_needs_and_all_when_it_i
     _, lease = cache.reserve([(prompt, "", ())])
     lease.release()
     assert chain.digests == block_digests(prompt.data, "", BLOCK, 10) and len(cache._seen) == 10
+
+
+def test_a_hint_from_a_peek_holds_when_its_prompt_has_left_the_recent_ones():
+    """A call's peek (its hint) and its batch's reservation may have other prompts between them,
+    more than the cache remembers: the reservation matches past the hint as well."""
+    cache = PrefixCache(64 * BLOCK, 1, 1, 8, torch.float32, torch.device("cpu"), admit=1)
+    prompt = TokenIds(range(1, 10 * BLOCK + 2))
+    _, lease = cache.reserve([(TokenIds(range(1, 4 * BLOCK + 2)), "", ())])  # its first 4 blocks
+    lease.release()
+    cached, hint = cache.peek(prompt)
+    assert cached == 4 * BLOCK
+    for i in range(RECENT):
+        cache.peek(TokenIds([VOCAB + i] * 3))
+    hits, lease = cache.reserve([(prompt, "", hint)])
+    assert hits[0].num_cached == 4 * BLOCK and len(lease.written) == 6
+    lease.release()
+    assert cache.peek(prompt)[0] == 10 * BLOCK
 
 
 def test_admit_is_one_or_two(off):
