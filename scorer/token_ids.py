@@ -81,7 +81,9 @@ class TokenIds(Sequence[int]):
         return iter(self.array.tolist())
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        return self.array if dtype is None else self.array.astype(dtype)
+        if copy or (dtype is not None and np.dtype(dtype) != DTYPE):
+            return np.array(self.array, dtype=dtype, copy=True)
+        return self.array
 
     def tolist(self) -> list[int]:
         return self.array.tolist()

@@ -5,6 +5,7 @@ and a long prompt of ids checked on the event loop."""
 import asyncio
 import threading
 
+import numpy as np
 import pytest
 
 from scorer.engine import EngineConfig
@@ -46,6 +47,10 @@ def test_token_ids_read_as_the_tuple_they_replace():
     assert not TokenIds([]) and TokenIds([]) == ()
     with pytest.raises(ValueError):
         t.array[0] = 1  # read-only: a Job's ids never change under it
+    assert np.asarray(t) is t.array and np.asarray(t, dtype=np.int64).tolist() == [5, 6, 7, 8]
+    copied = np.array(t)
+    copied[0] = 1
+    assert t[0] == 5
 
 
 def test_a_message_long_id_list_is_copied_to_one_array_and_a_short_one_to_a_tuple():
