@@ -10,7 +10,20 @@ ways). Calls like the GPU sweep's (20 docs of ~60 tokens on a 200-token prompt),
 and as text, on the embedded model's tokenizer; ``auto`` uses the H200-calibrated cost model as
 on a GPU. Median milliseconds per call (plan: per batch of ``--batch`` calls).
 
+``--workload long``: the long repeated prompt (an 8,000-id prompt and 32 docs of 4 ids, token ids,
+each prompt reused by 10 calls in a row; ``LONG_GEN``) on a tiny model of 40,960 positions with
+a prefix cache, each call as the split server handles it: parsed, converted and tokenized in a
+front end (no cache there), its Job through the link (``for_engine``, pickled and unpickled, and
+its answer back), then in the engine process peeked at the cache (``peek``), its batch reserved
+on the cache (``reserve``) and planned on the pool (``plan``: the rest of ``_plan_on_cache``)
+and its token ids laid out (``logical_tokens``), and the answer built (``respond``). Mean
+milliseconds per call over the reuse pattern (a prompt's first call misses, its second writes
+the cache, the rest read it), for prompts of each ``--prompt-tokens`` length, their calls
+interleaved (a busy host slows them alike), and the host cost per 1,000 prompt ids between the
+shortest and the longest; records appended to ``host_path_long.json`` under ``--label``.
+
     python -m bench.host_path [--calls 120] [--batch 6] [--out out/]
+    python -m bench.host_path --workload long [--calls 200] [--prompt-tokens 2000,8000] [--label L] [--out D]
 """
 
 from __future__ import annotations
@@ -18,23 +31,34 @@ from __future__ import annotations
 import argparse
 import pickle
 import random
+import shutil
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 
 from scorer import readout
-from scorer.engine import EngineConfig
+from scorer.engine import EngineConfig, Tokenizing, logical_tokens
+from scorer.models.tiny import CONFIG, write_random_checkpoint
 from scorer.runtime import build_engine
 from scorer.server.batcher import Scored
 from scorer.server.convert import request_from_proto, response_to_proto
+from scorer.server.link import for_engine
 from scorer.v1 import scorer_pb2 as pb
 
-from .timing import environment, write_json
+from .timing import append_records, environment, write_json
 
 QWEN3_VOCAB = 151_669
 STAGES = ("parse", "convert", "tokenize", "respond", "link", "plan", "plan_1_thread")
+LONG_STAGES = ("parse", "convert", "tokenize", "link", "peek", "reserve", "plan", "logical_tokens", "respond")
+LONG_GEN = (
+    "--docs 32 --prompt-tokens 8000 --doc-tokens fixed:4 --token-ids --prompt-reuse 10 --template plain"
+    " --seed 3"
+)
+"""The long repeated prompt, as ``loadtest.gen`` arguments (``scripts/gpu/prefix_cache.sh served``'s)."""
+LONG_POSITIONS = 40_960  # Qwen3's
 WORDS = ("search", "ranking", "model", "document", "query", "prefix", "shared", "attention", "page")
 
 
@@ -113,6 +137,125 @@ def measure(engine, calls: list[bytes], batch: int) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+def long_checkpoint(root: Path) -> Path:
+    """The embedded tiny model with Qwen3's 40,960 positions (an 8,000-id prompt fits), written
+    under ``root`` once."""
+    path = root / f"tiny-qwen3-{LONG_POSITIONS}"
+    if not (path / "model.safetensors").is_file():
+        tmp = Path(tempfile.mkdtemp(dir=root))
+        write_random_checkpoint(tmp, CONFIG | {"max_position_embeddings": LONG_POSITIONS})
+        shutil.rmtree(path, ignore_errors=True)
+        tmp.rename(path)
+    return path
+
+
+def long_calls(n: int, seed: int = 3, prompt_tokens: int = 8000) -> list[bytes]:
+    """``n`` calls of ``LONG_GEN`` (its prompts and docs drawn from ``seed``; prompts of
+    ``prompt_tokens`` ids), serialized."""
+    from loadtest.gen import main as gen_main
+    from loadtest.gen import read_jsonl
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "long.jsonl"
+        args = [*LONG_GEN.split(), "--seed", str(seed), "--prompt-tokens", str(prompt_tokens)]
+        gen_main(["--out", str(out), "--requests", str(n), *args])
+        return [r.SerializeToString() for r in read_jsonl(out)]
+
+
+def measure_long(engine, streams: dict[int, list[bytes]]) -> dict[int, tuple[dict[str, float], float]]:
+    """Per stream (its prompt length: its calls), the mean ms per call of each stage of
+    ``LONG_STAGES`` (see the module's doc) and the share of its prompt ids read from the cache. The
+    streams' calls are interleaved, one of each in turn, so that each sees the host as the others."""
+    front = Tokenizing(engine.tokenizer, engine.info)  # a front end's: no cache
+    times = {n: {k: [] for k in LONG_STAGES} for n in streams}
+    hits = dict.fromkeys(streams, 0)
+    reserve = engine.cache.reserve
+    now: dict[str, list[float]] = {}
+
+    def timed(stage: str, fn, *args):
+        t0 = time.perf_counter()
+        out = fn(*args)
+        now[stage].append((time.perf_counter() - t0) * 1e3)
+        return out
+
+    def timed_reserve(prompts):
+        return timed("reserve", reserve, prompts)
+
+    engine.cache.reserve = timed_reserve
+    try:
+        for i in range(max(map(len, streams.values()))):
+            for n, calls in streams.items():
+                if i >= len(calls):
+                    continue
+                now = times[n]
+                msg = timed("parse", pb.ScoreDocsRequest.FromString, calls[i])
+                req = timed("convert", request_from_proto, msg, str(i))
+                job = timed("tokenize", front.tokenize, req)
+                t0 = time.perf_counter()
+                sent = _round_trip(for_engine(job))[0]
+                link = time.perf_counter() - t0
+                sent = timed("peek", engine.peeked, sent)
+                t0 = time.perf_counter()
+                plan, lease, cached = engine._plan_on_cache([sent])
+                now["plan"].append((time.perf_counter() - t0) * 1e3 - now["reserve"][-1])
+                timed("logical_tokens", logical_tokens, [sent], engine.device, cached)
+                if lease is not None:
+                    lease.release()
+                hits[n] += cached[0] if cached else 0
+                result = readout.result(job, [(-0.1, -2.0)] * len(job.items), cached[0] if cached else 0)
+                scored = Scored(result, 0.0, 0.0, 1)
+                t0 = time.perf_counter()
+                _round_trip(scored)
+                now["link"].append((link + time.perf_counter() - t0) * 1e3)
+                timed("respond", _respond, job, scored)
+    finally:
+        del engine.cache.reserve
+    return {
+        n: ({k: statistics.fmean(v) for k, v in times[n].items()}, hits[n] / (n * len(streams[n])))
+        for n in streams
+    }
+
+
+def main_long(a: argparse.Namespace) -> None:
+    root = Path(tempfile.gettempdir()) / "scorer-bench"
+    root.mkdir(exist_ok=True)
+    config = EngineConfig(auto_policy="calibrated")
+    engine = build_engine(long_checkpoint(root), "torch", "cpu", None, config=config, prefix_cache_mib=64)
+    sizes = sorted(int(n) for n in a.prompt_tokens.split(","))
+    # prompts of their own for each length (one seed's would share their heads) and for the warm-up
+    seeds = {n: 3 + k for k, n in enumerate(reversed(sizes))}  # the longest: LONG_GEN's
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as a GPU server's engine process (--host-threads 1)
+    try:
+        measure_long(engine, {n: long_calls(20, 100 + seeds[n], n) for n in sizes})  # first-use costs
+        engine.cache.clear()
+        measured = measure_long(engine, {n: long_calls(a.calls, seeds[n], n) for n in sizes})
+    finally:
+        torch.set_num_threads(threads)
+    totals = {n: sum(ms.values()) for n, (ms, _) in measured.items()}
+    per_1k = (totals[sizes[-1]] - totals[sizes[0]]) / (sizes[-1] - sizes[0]) * 1e3 if len(sizes) > 1 else None
+    print(f"| code | prompt ids | {' | '.join(LONG_STAGES)} | total | prompt read from the cache |")
+    print("|---|---:|" + "---:|" * (len(LONG_STAGES) + 2))
+    for n, (ms, hit) in measured.items():
+        cols = " | ".join(f"{ms[k]:.3f}" for k in LONG_STAGES)
+        print(f"| {a.label} | {n} | {cols} | {totals[n]:.3f} | {hit:.1%} |")
+    print(f"\nmean ms per call over {a.calls} calls of each prompt length, interleaved; torch on 1 thread")
+    if per_1k is not None:
+        print(f"host ms per 1,000 prompt ids ({sizes[0]} -> {sizes[-1]}): {per_1k:.3f}")
+    if a.out:
+        env = environment(engine.device)
+        records = [
+            {"label": a.label, "env": env, "calls": a.calls, "gen": LONG_GEN, "prompt_tokens": n, "ms": ms}
+            | {"total_ms": totals[n], "cache_hit_share": hit, "ms_per_1k_prompt_ids": per_1k}
+            for n, (ms, hit) in measured.items()
+        ]
+        append_records(a.out / "host_path_long.json", records)
+
+
+def _respond(job, scored: Scored) -> bytes:
+    return response_to_proto(job, "c", "m", scored, 0.0, 0.0).SerializeToString()
+
+
 def _round_trip(*values) -> list:
     return [pickle.loads(pickle.dumps(v, pickle.HIGHEST_PROTOCOL)) for v in values]
 
@@ -123,7 +266,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--docs", type=int, default=20)
     ap.add_argument("--batch", type=int, default=6, help="calls per planned batch")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--workload", choices=("short", "long"), default="short")
+    ap.add_argument("--label", default="", help="--workload long: the code measured, in its record")
+    ap.add_argument(
+        "--prompt-tokens",
+        default="2000,8000",
+        help="--workload long: the prompts' ids, comma-separated (interleaved; the host cost per 1,000"
+        " ids from the shortest to the longest)",
+    )
     a = ap.parse_args(argv)
+    if a.workload == "long":
+        return main_long(a)
     engine = build_engine(None, "torch", "cpu", None, config=EngineConfig(auto_policy="calibrated"))
     result = {"env": environment(engine.device), "docs": a.docs, "batch": a.batch, "ms": {}}
     print(

@@ -3,8 +3,13 @@
 The pool holds ``capacity`` K/V slots per layer (page size 1, as every plan uses), handed out in
 pages of ``BLOCK`` slots (host work per page, not per slot). An index of
 blocks of ``BLOCK`` prompt tokens maps a prompt to the pages of its cached prefix: block ``i`` of a
-prompt is keyed by (the id of block ``i - 1``, the salt, its tokens), so a hit is exact (dict
-equality on the token ids, never a hash alone) and calls with different salts never share K/V.
+prompt is keyed by its chain digest, BLAKE2b-256 of (block ``i - 1``'s digest, its token ids),
+the first block's predecessor being the digest of the salt (``block_digests``). So a key names a
+block's whole prefix and salt, a hit is exact to a 256-bit hash's collision resistance (as
+vLLM's sha256 prefix hashing), and calls with different salts never share K/V. A prompt's digests
+are computed once (~0.6 us a block on a 2-core VM) and kept with the prompts matched lately,
+found by the SHA-256 of their salt and ids (``prompt_key``: ~3 us per 1,000 ids, once per call),
+so a repeated prompt costs a hash of its bytes, not a step per block.
 Every batch on the cache holds a ``Lease``: the deepest block of each prompt it reads and every
 block it writes (reference counted), the blocks it writes being indexed when the batch is planned,
 so a later call of the same batch or of the next batch reads them (the device runs batches in
@@ -13,8 +18,8 @@ given back when the batch is collected. Only leaf blocks are evicted, least rece
 and never one a lease holds; so holding a prompt's deepest block keeps its whole chain, and a
 block's ancestors are live while it is.
 
-A block is cached on its ``admit``-th sighting (default 2): the chains of prompt blocks seen and
-not cached are remembered as hashes (as many as the pool holds blocks, ``SEEN`` at most; least
+A block is cached on its ``admit``-th sighting (default 2): the digests of prompt blocks seen and
+not cached are remembered (as many as the pool holds blocks, ``SEEN`` at most; least
 recently seen forgotten first), and a prompt writes only the blocks seen before. A block that
 comes back only after more distinct blocks than the pool holds would have been evicted before
 its return (least recently used first), so caching it would cost a write and evict a block that
@@ -23,11 +28,12 @@ return and write nothing (without this rule the served sweeps' 4,000 prompts wro
 every call, and hit 1-9% of their tokens). A prompt seen once (a unique query) writes nothing; a
 call that neither reads nor writes the pool plans off it, and a batch of such calls runs exactly as
 without a cache (no pool writes, no scattered K/V reads: bench/RESULTS.md, The prefix cache,
-measures what they cost). A false match of the hashes only caches a block early; hits stay exact.
+measures what they cost).
 """
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -39,15 +45,75 @@ import torch
 from . import metrics
 from .options import CPU_AUTO_MIB, GPU_AUTO_SHARE
 from .planning.cached import NO_HIT, PrefixHit
+from .token_ids import TokenIds
 
 BLOCK = 16
 """Prompt tokens per index block: a prompt is cached and matched in whole blocks."""
 RECENT = 256
-"""Prompts whose blocks are remembered whole: a prompt seen lately is matched with one lookup
-(hashing its ids once) instead of one per block."""
+"""Prompts whose block digests and cached blocks are remembered whole: a prompt seen lately is
+matched with one lookup (hashing its ids once) instead of one per block."""
 SEEN = 1 << 16
 """Block chains remembered as seen-but-not-cached, for admission on a later sighting, at most
 (fewer where the pool holds fewer blocks)."""
+
+
+DIGEST = 32
+"""Bytes of a block's digest (BLAKE2b-256)."""
+
+
+def as_ids(ids: Sequence[int]) -> TokenIds:
+    return ids if isinstance(ids, TokenIds) else TokenIds(ids)
+
+
+def _salt_digest(salt: str) -> bytes:
+    return hashlib.blake2b(salt.encode(), digest_size=DIGEST, person=b"scorer-salt").digest()
+
+
+def block_digests(data: bytes, salt: str, block: int, n: int) -> list[bytes]:
+    """The chain digests of the first ``n`` blocks of ``block`` ids of ``data`` (``TokenIds.data``):
+    block ``i``'s is BLAKE2b-256 of block ``i - 1``'s and its ids' bytes, block 0's predecessor
+    the salt's digest. Equal for equal (salt, ids up to the block's end), else different but for
+    a collision of the hash."""
+    out: list[bytes] = []
+    _extend(out, memoryview(data), salt, block, n)
+    return out
+
+
+def _extend(digests: list[bytes], data: memoryview, salt: str, block: int, n: int) -> None:
+    """``digests`` (a prompt's first, as ``block_digests``) grown to ``n``."""
+    digest, size = digests[-1] if digests else _salt_digest(salt), 4 * block
+    for i in range(len(digests), n):
+        digest = hashlib.blake2b(digest + data[i * size : (i + 1) * size], digest_size=DIGEST).digest()
+        digests.append(digest)
+
+
+class _Chain:
+    """A prompt's block digests (``block_digests``) of the ``n`` blocks ``_match`` can read,
+    computed as far as they are asked for: a prompt whose first block is not cached needs one
+    (~0.6 us a block on a 2-core VM), until it is written (``_insert``: all of them)."""
+
+    __slots__ = ("data", "salt", "block", "n", "digests")
+
+    def __init__(self, ids: TokenIds, salt: str, block: int) -> None:
+        self.data: memoryview | None = memoryview(ids.data)
+        self.salt, self.block = salt, block
+        self.n = max(0, (len(ids) - 1) // block)
+        self.digests: list[bytes] = []
+
+    def grow(self, k: int) -> list[bytes]:
+        """The digests, the first ``k`` (at most ``n``) computed."""
+        k = min(k, self.n)
+        if len(self.digests) < k:
+            _extend(self.digests, self.data, self.salt, self.block, k)
+            if k == self.n:
+                self.data = None  # every digest made: the ids are no longer needed
+        return self.digests
+
+
+def prompt_key(ids: TokenIds, salt: str) -> bytes:
+    """A prompt's digest under ``salt`` (SHA-256 of the salt's digest and that of the ids, which
+    ``ids`` keeps): what the prompts matched lately are found by."""
+    return hashlib.sha256(_salt_digest(salt) + ids.digest()).digest()
 
 
 def slot_bytes(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
@@ -65,7 +131,7 @@ def auto_mib(device: torch.device) -> int:
 
 @dataclass(eq=False)
 class _Block:
-    key: tuple
+    key: bytes  # its chain digest
     id: int
     parent: _Block | None
     page: int  # its K/V: slots page * BLOCK ..
@@ -137,16 +203,17 @@ class PrefixCache:
         self.v = torch.empty(shape, dtype=dtype, device=device)
         self._free = list(range(capacity // block - 1, -1, -1))  # pages, a stack
         self._in_page = np.arange(block, dtype=np.int64)
-        self._index: dict[tuple, _Block] = {}
+        self._index: dict[bytes, _Block] = {}
         self._leaves: OrderedDict[int, _Block] = OrderedDict()  # blocks without children, LRU first
         self._ids = 0
-        self._recent: OrderedDict[tuple, tuple[tuple, torch.Tensor | None]] = OrderedDict()
+        # prompt_key -> (its block digests, its cached blocks when last matched, their slots)
+        self._recent: OrderedDict[bytes, tuple[_Chain, tuple, torch.Tensor | None]] = OrderedDict()
         if admit not in (1, 2):
             raise ValueError(
                 f"admit is 1 (cache a block when first seen) or 2 (when seen again), not {admit}"
             )
         self.admit = admit
-        self._seen: OrderedDict[int, None] = OrderedDict()  # hashes of block chains seen once
+        self._seen: OrderedDict[bytes, None] = OrderedDict()  # digests of blocks seen, not cached
         self.seen_limit = min(SEEN, capacity // block)  # the pool's reach, in blocks
         self._lock = threading.RLock()
         self.stats = dict.fromkeys(
@@ -174,45 +241,47 @@ class PrefixCache:
         """Prompt tokens of ``ids`` cached now and their blocks: a hint for ``auto`` and for
         ``reserve``, which checks it (nothing is held)."""
         with self._lock:
-            blocks, _ = self._match(tuple(ids), salt, want_slots=False)
+            blocks, _, _ = self._match(ids, salt, want_slots=False)
         return len(blocks) * self.block, blocks
 
     def _match(
-        self, ids: tuple[int, ...], salt: str, hint: tuple = (), want_slots: bool = True
-    ) -> tuple[tuple, torch.Tensor | None]:
+        self, ids: Sequence[int], salt: str, hint: tuple = (), want_slots: bool = True
+    ) -> tuple[tuple, torch.Tensor | None, _Chain]:
         """The cached blocks of ``ids`` and their slots (None unless ``want_slots``: a peek, on
         every call's way in, needs none; the batch's reservation makes them), leaving at least its
-        last token to compute (its row carries the prompt's queries into every scheme's requests).
-        ``hint``: the blocks an earlier match found; a prompt matched lately (the next page of a
-        query, the same user's context) is remembered whole, so its ids are hashed once instead of
-        per block."""
-        key = (salt, ids)
-        known, slots = self._recent.get(key, ((), None))
+        last token to compute (its row carries the prompt's queries into every scheme's requests),
+        and its chain of block digests. ``hint``: the blocks an earlier match found. A prompt
+        matched lately (the next page of a query, the same user's context) is remembered whole:
+        its ids are hashed once, not per block."""
+        ids = as_ids(ids)
+        key = prompt_key(ids, salt)
+        chain, known, slots = self._recent.get(key) or (_Chain(ids, salt, self.block), (), None)
         if hint and len(hint) > len(known):
             known, slots = hint, None
         if known and not known[-1].live:  # the deepest live: every one live
             known, slots = (), None
-        out, b = list(known), self.block
-        parent = out[-1].id if out else 0
-        for i in range(len(out) * b, (len(ids) - 1) // b * b, b):
-            blk = self._index.get((parent, salt, ids[i : i + b]))
+        out = list(known)
+        digests = chain.digests
+        while len(out) < chain.n:
+            if len(out) >= len(digests):  # (a hint's blocks may be past a new chain's digests)
+                chain.grow(2 * len(out) + 1)  # doubling: a prompt not cached hashes its first block
+            blk = self._index.get(digests[len(out)])
             if blk is None:
                 break
             out.append(blk)
-            parent = blk.id
         if len(out) > len(known):
             slots = None
         if slots is None and want_slots:
             slots = self.slots([blk.page for blk in out])
         blocks = tuple(out)
-        self._recent[key] = (blocks, slots)
+        self._recent[key] = (chain, blocks, slots)
         self._recent.move_to_end(key)
         if len(self._recent) > RECENT:
             self._recent.popitem(last=False)
-        return blocks, slots
+        return blocks, slots, chain
 
     def reserve(
-        self, prompts: Sequence[tuple[tuple[int, ...], str, tuple] | None]
+        self, prompts: Sequence[tuple[Sequence[int], str, tuple] | None]
     ) -> tuple[list[PrefixHit], Lease]:
         """The hits of a batch's prompts ((ids, salt, hint from ``peek``), or None for a call off
         the cache), in order, under one lease: each prompt's deepest cached block is held and its
@@ -227,7 +296,7 @@ class PrefixCache:
                     hits.append(NO_HIT)
                     continue
                 ids, salt, hint = prompt
-                blocks, slots = self._match(ids, salt, hint)
+                blocks, slots, chain = self._match(ids, salt, hint)
                 hit = len(blocks) * self.block
                 hit_tokens += hit
                 lookup_tokens += len(ids)
@@ -237,7 +306,7 @@ class PrefixCache:
                     lease.held.append(deepest)
                     if deepest.id in self._leaves:
                         self._leaves.move_to_end(deepest.id)
-                new = self._insert(ids, salt, blocks[-1] if blocks else None, len(blocks), lease)
+                new = self._insert(chain.grow(chain.n), blocks[-1] if blocks else None, len(blocks), lease)
                 hits.append(PrefixHit(slots, self.slots([blk.page for blk in new])))
             self.stats["hit_tokens"] += hit_tokens
             self.stats["lookup_tokens"] += lookup_tokens
@@ -252,15 +321,17 @@ class PrefixCache:
             self.stats["declined_tokens"] += tokens
         metrics.PREFIX_CACHE_DECLINED_TOKENS.inc(tokens)
 
-    def _insert(self, ids, salt, parent: _Block | None, start: int, lease: Lease) -> list[_Block]:
-        new, b = [], self.block
-        wanted = range(start * b, (len(ids) - 1) // b * b, b)  # the blocks _match can read
+    def _insert(self, digests: list[bytes], parent: _Block | None, start: int, lease: Lease) -> list[_Block]:
+        """Index the prompt's blocks from ``start`` on (``digests``: all of its blocks that
+        ``_match`` can read), those admitted, with as many fresh pages as the pool can free."""
+        new = []
+        wanted = range(start, len(digests))
         if self.admit > 1:
-            wanted = wanted[: self._seen_before(ids, salt, start, len(wanted))]
+            wanted = wanted[: self._seen_before(digests, start)]
         pages = self._alloc(len(wanted), partial=True)
         for i, page in zip(wanted, pages, strict=False):
             self._ids += 1
-            blk = _Block((parent.id if parent else 0, salt, ids[i : i + b]), self._ids, parent, page, refs=1)
+            blk = _Block(digests[i], self._ids, parent, page, refs=1)
             if parent is not None:
                 parent.children += 1
                 self._leaves.pop(parent.id, None)
@@ -271,27 +342,25 @@ class PrefixCache:
         lease.written += new
         return new
 
-    def _seen_before(self, ids, salt: str, start: int, n: int) -> int:
-        """How many of the ``n`` blocks of ``ids`` from block ``start`` on were seen before, in a
-        row (those are admitted); the rest are remembered as seen now. A block's hash covers its
-        whole chain (the salt and every token up to its end), as its index key does."""
-        b, h, admitted = self.block, hash(salt), None
-        for i in range(start + n):
-            h = hash((h, ids[i * b : (i + 1) * b]))
-            if i < start:
-                continue
-            if admitted is None and h in self._seen:
-                del self._seen[h]  # cached now: the index remembers it
+    def _seen_before(self, digests: list[bytes], start: int) -> int:
+        """How many of the blocks of ``digests`` from block ``start`` on were seen before, in a
+        row (those are admitted); the rest are remembered as seen now. A block's digest covers
+        its whole chain (the salt and every token up to its end), as its index key does."""
+        admitted = None
+        for i in range(start, len(digests)):
+            digest = digests[i]
+            if admitted is None and digest in self._seen:
+                del self._seen[digest]  # cached now: the index remembers it
                 continue
             if admitted is None:
                 admitted = i - start
-            if h in self._seen:
-                self._seen.move_to_end(h)
+            if digest in self._seen:
+                self._seen.move_to_end(digest)
             else:
-                self._seen[h] = None
+                self._seen[digest] = None
         while len(self._seen) > self.seen_limit:
             self._seen.popitem(last=False)
-        return n if admitted is None else admitted
+        return len(digests) - start if admitted is None else admitted
 
     def end(self, lease: Lease, keep_written: bool) -> None:
         with self._lock:

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
+import numpy as np
+
 from .options import (
     DOC_SPECIAL_TOKENS,
     MAX_DOC_BYTES,
@@ -28,6 +30,7 @@ from .options import (
 )
 from .planning import Scheme, Shape, names
 from .planning.base import MAX_ITEM_LEN, PlanError
+from .token_ids import SHORT, TokenIds
 
 MAX_CACHE_SALT = 256  # characters
 VISIBLE = re.compile(r"[^\s\x00-\x1f\x7f-\x9f]")
@@ -213,7 +216,7 @@ def load_template(path: str | Path) -> Template:
 class Doc:
     text: str = ""
     id: str = ""
-    token_ids: tuple[int, ...] = ()
+    token_ids: Sequence[int] = ()  # a tuple, or TokenIds (a message's)
 
 
 @dataclass(frozen=True)
@@ -221,7 +224,7 @@ class ScoreRequest:
     prompt: str
     docs: Sequence[Doc]
     instruction: str = ""
-    prompt_token_ids: tuple[int, ...] = ()  # the whole shared prefix, verbatim
+    prompt_token_ids: Sequence[int] = ()  # the whole shared prefix, verbatim: a tuple, or TokenIds
     options: ScoreOptions = field(default_factory=ScoreOptions)
     request_id: str = ""
 
@@ -245,7 +248,7 @@ class Job:
     needs (``top_n``, ``return_label_logprobs``, ``score_mode``) are ``request.options``."""
 
     request: ScoreRequest
-    prefix_ids: tuple[int, ...]
+    prefix_ids: TokenIds
     items: tuple[tuple[int, ...], ...]
     doc_tokens: tuple[int, ...]
     truncated: tuple[int, ...]
@@ -264,7 +267,7 @@ class Job:
 
 Resolve = Callable[[Shape, ScoreOptions], tuple[Scheme, int]]
 """(shape, options) -> the concrete scheme and group size (``auto`` resolved)."""
-Peek = Callable[[tuple[int, ...], ScoreOptions], tuple[int, tuple]]
+Peek = Callable[[TokenIds, ScoreOptions], tuple[int, tuple]]
 """(prefix ids, options) -> the prompt tokens the prefix cache holds now and its blocks of them
 (a hint: it may change before the call's batch is planned, and is checked then)."""
 
@@ -394,9 +397,9 @@ def tokenize(
         which = "prompt" if req.prompt else "instruction"
         raise InvalidInput("prompt_token_ids", f"prompt_token_ids and {which} both set; give one")
     if req.prompt_token_ids:
-        prefix = _checked_ids(req.prompt_token_ids, limits.vocab_size, "prompt_token_ids")
+        prefix = TokenIds(_checked_ids(req.prompt_token_ids, limits.vocab_size, "prompt_token_ids"))
     elif VISIBLE.search(req.prompt):
-        prefix = _prefix_ids(tokenizer, template, req, (o.special_tokens or "parse") == "text")
+        prefix = TokenIds(_prefix_ids(tokenizer, template, req, (o.special_tokens or "parse") == "text"))
     else:
         raise InvalidInput("prompt", "empty prompt (only white space or control characters)")
     head, tail = _template_ids(tokenizer, template.item_head), _template_ids(tokenizer, template.item_tail)
@@ -413,7 +416,7 @@ def tokenize(
             raise InvalidInput(f"docs[{i}]", "text and token_ids both set; give one")
         text_cut = 0
         if doc.token_ids:
-            ids = _checked_ids(doc.token_ids, limits.vocab_size, f"docs[{i}].token_ids")
+            ids = tuple(_checked_ids(doc.token_ids, limits.vocab_size, f"docs[{i}].token_ids"))
         elif VISIBLE.search(doc.text):
             text_cut = max(0, len(doc.text) - max_text_chars(tokenizer, doc_limit))
             text = doc.text[: len(doc.text) - text_cut]
@@ -521,7 +524,7 @@ def label_ids(o: ScoreOptions, tokenizer, vocab_size: int, default: tuple[str, .
     """The label tokens as single vocabulary ids, looked up the way Qwen3-Reranker does; ``default``:
     the template's labels, for a call that names none (DEFAULT_LABELS without either)."""
     if o.label_token_ids:
-        ids = _checked_ids(o.label_token_ids, vocab_size, "options.label_token_ids")
+        ids = tuple(_checked_ids(o.label_token_ids, vocab_size, "options.label_token_ids"))
         return _distinct(ids, o, "options.label_token_ids")
     words = o.label_tokens or default or DEFAULT_LABELS
     out = []
@@ -624,9 +627,23 @@ def fast_backends(tokenizer):
     return tuple(copies)
 
 
-def _checked_ids(ids: Sequence[int], vocab_size: int, field_name: str) -> tuple[int, ...]:
-    out = tuple(map(int, ids))
-    if out and not (min(out) >= 0 and max(out) < vocab_size):
-        bad = next(t for t in out if not 0 <= t < vocab_size)
-        raise InvalidInput(field_name, f"token id {bad} outside the vocabulary of {vocab_size}")
-    return out
+def _checked_ids(ids: Sequence[int], vocab_size: int, field_name: str) -> Sequence[int]:
+    """``ids`` once each is known to be in the vocabulary, as ``token_ids`` keeps them (a long list
+    as TokenIds, checked by numpy's min and max: ~10 us for 8,000 ids, where a tuple's took 300 on
+    a 2-core VM); InvalidInput naming ``field_name`` and the first id outside it."""
+    if isinstance(ids, TokenIds):
+        array = ids.array
+    elif len(ids) <= SHORT:
+        out = tuple(map(int, ids))
+        if out and not (min(out) >= 0 and max(out) < vocab_size):
+            bad = next(t for t in out if not 0 <= t < vocab_size)
+            raise InvalidInput(field_name, f"token id {bad} outside the vocabulary of {vocab_size}")
+        return out
+    else:
+        array = np.asarray(ids)
+        if array.dtype.kind not in "iu" or array.ndim != 1:  # ints past int64, or not ints at all
+            array = np.array([int(t) for t in ids], dtype=object)
+    if len(array) and not (array.min() >= 0 and array.max() < vocab_size):
+        bad = array[(array < 0) | (array >= vocab_size)][0]
+        raise InvalidInput(field_name, f"token id {int(bad)} outside the vocabulary of {vocab_size}")
+    return ids if isinstance(ids, TokenIds) else TokenIds(array)

@@ -22,6 +22,47 @@ def test_host_path_reports_every_stage(tmp_path, capsys) -> None:
     assert torch.get_num_threads() == threads  # the one-thread plan put torch's threads back
 
 
+def test_host_path_times_the_long_repeated_prompt_stage_by_stage(tmp_path, monkeypatch, capsys) -> None:
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # its 40,960-position checkpoint
+    args = ["--workload", "long", "--calls", "20", "--prompt-tokens", "8000,500", "--label", "this tree"]
+    host_path.main([*args, "--out", str(tmp_path)])
+    records = json.loads((tmp_path / "host_path_long.json").read_text())["records"]
+    assert [r["prompt_tokens"] for r in records] == [500, 8000]
+    for r in records:
+        assert set(r["ms"]) == set(host_path.LONG_STAGES) and all(v > 0 for v in r["ms"].values())
+        assert r["label"] == "this tree" and r["ms_per_1k_prompt_ids"] is not None
+    # per prompt, 8 of its 10 calls read all of it but its last block (the first is seen, the second writes)
+    assert records[1]["cache_hit_share"] == pytest.approx(8 * (8000 - 16) / (10 * 8000))
+    assert records[0]["cache_hit_share"] == pytest.approx(8 * (500 - 4) / (10 * 500))  # 496: 31 whole blocks
+    out = capsys.readouterr().out
+    assert "| this tree | 8000 |" in out and "per 1,000 prompt ids (500 -> 8000)" in out
+
+
+def test_the_host_only_engine_answers_every_call_from_the_prefix_cache_s_plan(tmp_path, monkeypatch):
+    """bench.host_served's engine: the host work of a batch (the cache's lease, the plan on its
+    pool), no forward, a result per call with what the cache saved."""
+    from bench.host_served import HostOnlyEngine
+    from scorer.request import Doc, ScoreOptions, ScoreRequest
+    from scorer.runtime import build_engine
+
+    monkeypatch.setenv("SCORER_CACHE_DIR", str(tmp_path))
+    engine = build_engine(attention_backend="torch", prefix_cache_mib=4)
+    engine.__class__ = HostOnlyEngine
+    forward = engine.runner.forward
+    engine.runner.forward = None  # never called
+    docs = [Doc(token_ids=(5, 6), id="a"), Doc(token_ids=(7,), id="b")]
+    req = ScoreRequest("", docs, prompt_token_ids=tuple(range(1, 66)), options=ScoreOptions(template="plain"))
+    results = [engine.score(req) for _ in range(3)]
+    engine.runner.forward = forward
+    assert [r.usage.cached_prompt_tokens for r in results] == [0, 0, 64]  # seen, written, read
+    assert [d.id for d in results[2].results] == [
+        "a",
+        "b",
+    ] and engine.cache.free_slots < engine.cache.capacity
+
+
 def test_throughput_benchmark_runs_every_kind_of_system(tmp_path):
     """bench.throughput on a toy model on the CPU (torch reference, no graphs): an engine system,
     a forced scheme and both transformers baselines each give docs/s and MFU in the JSON."""
@@ -143,8 +184,9 @@ def test_full_batches_drop_the_runt_a_saturated_batcher_never_forms():
 
 
 BENCHMARKS = [
-    "attention_layouts", "cost_fit", "cpu_schemes", "e2e", "fp8", "host_path", "kernel_profile", "kernels",
-    "light_load", "plan_on_cache", "qk_norm_rope", "report", "rms_norm", "throughput", "triton_gemm",
+    "attention_layouts", "cost_fit", "cpu_schemes", "e2e", "fp8", "host_path", "host_served",
+    "kernel_profile", "kernels", "light_load", "plan_on_cache", "qk_norm_rope", "report", "rms_norm",
+    "throughput", "triton_gemm",
 ]  # fmt: skip
 
 

@@ -13,9 +13,10 @@ from hypothesis import strategies as st
 from scorer import metrics
 from scorer.engine import Engine, EngineConfig
 from scorer.planning import REGISTRY
-from scorer.prefix_cache import BLOCK, SPARE_SLOTS, PrefixCache
+from scorer.prefix_cache import BLOCK, RECENT, SPARE_SLOTS, PrefixCache, block_digests, prompt_key
 from scorer.request import Doc, ScoreOptions, ScoreRequest
 from scorer.runtime import build_engine
+from scorer.token_ids import TokenIds
 
 SCHEMES = list(REGISTRY)
 VOCAB = 256
@@ -194,6 +195,91 @@ def test_admission_remembers_as_many_blocks_as_the_pool_holds():
     small = big[:6]  # 30 blocks
     cache = PrefixCache(32 * BLOCK, 1, 1, 8, torch.float32, torch.device("cpu"), admit=2)
     assert rounds(cache, small, 3) == [(0, 0), (0, 30 * BLOCK), (30 * BLOCK, 0)]
+
+
+def test_block_digests_are_equal_exactly_where_the_salt_and_every_id_up_to_the_block_end_are():
+    """A block's digest stands for what the index's key held per block before (its parent's, the
+    salt and its ids: so the salt and every id up to its end): on random prompt pairs that share a
+    prefix of random length, under equal or different salts, digests are equal for exactly the
+    blocks whose salt and ids up to their end are; and the same whatever the ids are held in."""
+    rng = random.Random(11)
+    for _ in range(300):
+        n = rng.randrange(1, 10) * BLOCK + rng.randrange(BLOCK)
+        a = [rng.randrange(VOCAB) for _ in range(n)]
+        b = list(a)
+        if rng.random() < 0.8:  # differ from a random id on (or be the same prompt)
+            at = rng.randrange(n)
+            b[at] = (b[at] + 1 + rng.randrange(VOCAB - 1)) % VOCAB
+            b[at + 1 :] = [rng.randrange(VOCAB) for _ in b[at + 1 :]]
+        salt_a, salt_b = rng.choice(("", "s", "t")), rng.choice(("", "s", "t"))
+        blocks = n // BLOCK
+        da = block_digests(TokenIds(a).data, salt_a, BLOCK, blocks)
+        db = block_digests(TokenIds(tuple(b)).data, salt_b, BLOCK, blocks)
+        for i in range(blocks):
+            same = salt_a == salt_b and a[: (i + 1) * BLOCK] == b[: (i + 1) * BLOCK]
+            assert (da[i] == db[i]) == same, (i, salt_a, salt_b)
+        assert len(set(da)) == blocks  # no two blocks of a chain alike, even of equal ids
+    same = [7] * (3 * BLOCK)
+    assert len(set(block_digests(TokenIds(same).data, "", BLOCK, 3))) == 3
+
+
+def test_the_salt_changes_every_digest_and_the_prompt_key():
+    ids = TokenIds(range(1, 5 * BLOCK + 1))
+    plain, salted = (block_digests(ids.data, s, BLOCK, 5) for s in ("", "tenant-a"))
+    assert not set(plain) & set(salted)
+    assert len({prompt_key(ids, s) for s in ("", "tenant-a", "tenant-b")}) == 3
+    assert prompt_key(ids, "a") == prompt_key(TokenIds(list(ids)), "a")
+    assert prompt_key(TokenIds(range(1, 5 * BLOCK + 2)), "a") != prompt_key(ids, "a")
+
+
+def test_a_prompt_matched_lately_is_found_by_all_of_its_ids_and_its_salt():
+    """The prompts matched lately are remembered (their digests, their blocks) under the digest of
+    their salt and every id: a prompt that differs in one id, or in its salt, or that goes on
+    longer, is matched block by block, never as the one remembered."""
+    cache = PrefixCache(64 * BLOCK, 1, 1, 8, torch.float32, torch.device("cpu"), admit=1)
+    rng = random.Random(4)
+    prompt = [rng.randrange(VOCAB) for _ in range(10 * BLOCK + 1)]
+    _, lease = cache.reserve([(TokenIds(prompt), "", ())])
+    lease.release()
+    assert cache.peek(TokenIds(prompt))[0] == 10 * BLOCK
+    changed = list(prompt)
+    changed[5 * BLOCK + 3] = (changed[5 * BLOCK + 3] + 1) % VOCAB
+    assert cache.peek(TokenIds(changed))[0] == 5 * BLOCK
+    assert cache.peek(tuple(prompt), "other")[0] == 0
+    assert cache.peek(prompt + [1] * BLOCK)[0] == 10 * BLOCK  # its own 11th block is not cached
+    cache._recent.clear()  # matched afresh, block by block: the same
+    assert [cache.peek(p)[0] for p in (prompt, changed)] == [10 * BLOCK, 5 * BLOCK]
+
+
+def test_a_prompt_s_digests_are_made_as_far_as_its_match_needs_and_all_when_it_is_seen():
+    """A peek at a prompt whose first block is not cached hashes that block alone (a unique query
+    on its way in); its reservation makes every digest (admission remembers them all), the same
+    as ``block_digests``."""
+    cache = PrefixCache(64 * BLOCK, 1, 1, 8, torch.float32, torch.device("cpu"), admit=2)
+    prompt = TokenIds(range(1, 10 * BLOCK + 2))
+    assert cache.peek(prompt)[0] == 0
+    [(chain, _, _)] = cache._recent.values()
+    assert len(chain.digests) == 1
+    _, lease = cache.reserve([(prompt, "", ())])
+    lease.release()
+    assert chain.digests == block_digests(prompt.data, "", BLOCK, 10) and len(cache._seen) == 10
+
+
+def test_a_hint_from_a_peek_holds_when_its_prompt_has_left_the_recent_ones():
+    """A call's peek (its hint) and its batch's reservation may have other prompts between them,
+    more than the cache remembers: the reservation matches past the hint as well."""
+    cache = PrefixCache(64 * BLOCK, 1, 1, 8, torch.float32, torch.device("cpu"), admit=1)
+    prompt = TokenIds(range(1, 10 * BLOCK + 2))
+    _, lease = cache.reserve([(TokenIds(range(1, 4 * BLOCK + 2)), "", ())])  # its first 4 blocks
+    lease.release()
+    cached, hint = cache.peek(prompt)
+    assert cached == 4 * BLOCK
+    for i in range(RECENT):
+        cache.peek(TokenIds([VOCAB + i] * 3))
+    hits, lease = cache.reserve([(prompt, "", hint)])
+    assert hits[0].num_cached == 4 * BLOCK and len(lease.written) == 6
+    lease.release()
+    assert cache.peek(prompt)[0] == 10 * BLOCK
 
 
 def test_admit_is_one_or_two(off):

@@ -16,6 +16,7 @@ from ..request import (
     ScoreRequest,
     check_labels,
 )
+from ..token_ids import token_ids
 from ..v1 import scorer_pb2 as pb
 from .batcher import Scored
 
@@ -118,12 +119,14 @@ def request_from_proto(msg: pb.ScoreDocsRequest, request_id: str) -> ScoreReques
         prefix_cache=o.prefix_cache,
         cache_salt=o.cache_salt,
     )
-    docs = [Doc(text=d.text, id=d.id, token_ids=tuple(d.token_ids)) for d in msg.docs]
+    # long lists of token ids copied out of the message as numpy arrays (upb's container copies
+    # itself in C: 4 us for 8,000 ids, where a tuple took 330 on a 2-core VM)
+    docs = [Doc(text=d.text, id=d.id, token_ids=token_ids(d.token_ids)) for d in msg.docs]
     return ScoreRequest(
         prompt=msg.prompt,
         docs=docs,
         instruction=msg.instruction,
-        prompt_token_ids=tuple(msg.prompt_token_ids),
+        prompt_token_ids=token_ids(msg.prompt_token_ids),
         options=options,
         request_id=request_id,
     )

@@ -22,21 +22,33 @@ from .. import metrics
 from ..engine import Engine, EngineInfo, ScoreResult, Tokenizing
 from ..planning import REGISTRY
 from ..request import Doc, Job, ScoreOptions, ScoreRequest
+from ..token_ids import TokenIds
 from .batcher import Batcher, BatchPolicy, Scored, ScoreFn
 from .debug import DebugKnobs, with_faults, with_tokenize_delay
 
 log = logging.getLogger(__name__)
 TOKENIZER_THREADS = min(4, os.cpu_count() or 1)
 INLINE_IDS = 4096
-"""A call of token ids and no text, at most this many ids, is validated on the event loop: about
-0.1 ms for 800 ids, where handing it to a tokenizer thread and back costs an idle server 0.4-0.7 ms
-(measured on the H200 machine, ``bench.light_load``)."""
+"""A call of token ids and no text that costs at most this many ids to check (``_id_cost``) is
+validated on the event loop: about 0.1 ms for 800 ids, where handing it to a tokenizer thread and
+back costs an idle server 0.4-0.7 ms (measured on the H200 machine, ``bench.light_load``)."""
+DOC_IDS = 32
+"""What a doc costs to check besides its ids, in ids checked one by one (on a 2-core VM: 8 us a
+doc of 4 ids, ~0.25 us an id)."""
+ARRAY_SHARE = 8
+"""A message's long id list (TokenIds) costs 1/ARRAY_SHARE of a tuple's per id, or less: numpy
+checks it (10 us for 8,000 ids on a 2-core VM, against 300 one by one)."""
+
+
+def _id_cost(ids) -> int:
+    return len(ids) // ARRAY_SHARE if isinstance(ids, TokenIds) else len(ids)
 
 
 def _inline(req: ScoreRequest) -> bool:
     if req.prompt or req.instruction or any(d.text for d in req.docs):
         return False
-    return len(req.prompt_token_ids) + sum(len(d.token_ids) for d in req.docs) <= INLINE_IDS
+    cost = _id_cost(req.prompt_token_ids) + sum(_id_cost(d.token_ids) + DOC_IDS for d in req.docs)
+    return cost <= INLINE_IDS
 
 
 class TokenizingService:
@@ -63,7 +75,8 @@ class TokenizingService:
     async def tokenize(self, req: ScoreRequest) -> tuple[Job, float]:
         """Validate, tokenize and resolve on a tokenizer thread; raises InvalidInput naming the
         field. A call cancelled meanwhile (its client gone, its deadline passed) stops tokenizing
-        at its next doc. A small call of token ids is checked here, on the loop (``INLINE_IDS``)."""
+        at its next doc. A small call of token ids (by the work of checking them, ``INLINE_IDS``:
+        an 8,000-id prompt with 32 short docs is one) is checked here, on the loop."""
         started = time.monotonic()
         job = self._tokenize(req) if self._inline(req) else await self._off_loop(req)
         seconds = time.monotonic() - started

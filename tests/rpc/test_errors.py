@@ -39,6 +39,16 @@ BAD_INPUTS = {
         "prompt_token_ids",
     ),
     "doc id outside the vocabulary": (req(docs=[pb.Doc(token_ids=[10**6])]), INVALID, "docs[0].token_ids"),
+    "an id of a long prompt outside the vocabulary": (  # a long list: checked as one array
+        pb.ScoreDocsRequest(prompt_token_ids=[1] * 500 + [10**6] + [2] * 9, docs=[DOC]),
+        INVALID,
+        "prompt_token_ids",
+    ),
+    "an id of a long doc outside the vocabulary": (
+        req(docs=[DOC, pb.Doc(token_ids=[3] * 300 + [2**32 - 1])]),
+        INVALID,
+        "docs[1].token_ids",
+    ),
     "doc over max_doc_tokens": (req(docs=[pb.Doc(text="x" * 50)], max_doc_tokens=5), INVALID, "docs[0]"),
     "prompt and prompt_token_ids": (
         pb.ScoreDocsRequest(prompt="q", prompt_token_ids=[1, 2], docs=[DOC]),
