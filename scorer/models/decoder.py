@@ -151,25 +151,23 @@ class MLP(nn.Module):
             return self.act_fn(self.gate_proj(x)) * self.up_proj(x)
         if isinstance(self.gate_up, nn.Module):  # FP8: the down GEMM's input quantized as it is made
             fp8 = self.gate_up
-            if (
-                self.swiglu_gemm
-                and isinstance(x, fp8_kernels.Quantized)
-                and fp8.bias is None
-                and x.q.shape[0] >= triton_ops.SWIGLU_MIN_ROWS
-                and triton_ops.gate_up_silu_supported(x.q, fp8.weight)
-            ):
+            if isinstance(x, fp8_kernels.Quantized) and self._one_gemm(x.q, fp8.weight, fp8.bias):
                 act = triton_ops.gate_up_silu(x.q, fp8.weight, x_scale=x.scale, w_scale=fp8.weight_scale)
                 return fp8_kernels.quantize(act)
             return fp8_kernels.silu_mul_quant(fp8(x))
         w, b = self.gate_up
-        if (
+        if self._one_gemm(x, w, b):
+            return triton_ops.gate_up_silu(x, w)
+        return fused.silu_and_mul(F.linear(x, w, b))
+
+    def _one_gemm(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> bool:
+        """Does Triton's gate/up + SiLU GEMM take ``x`` [T, H] by the merged ``w`` (bf16 or FP8)?"""
+        return (
             self.swiglu_gemm
             and b is None
             and x.shape[0] >= triton_ops.SWIGLU_MIN_ROWS
             and triton_ops.gate_up_silu_supported(x, w)
-        ):
-            return triton_ops.gate_up_silu(x, w)
-        return fused.silu_and_mul(F.linear(x, w, b))
+        )
 
     def merge_gate_up(self) -> None:
         """One GEMM for gate and up: their weights become views of one tensor."""

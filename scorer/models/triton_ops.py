@@ -408,8 +408,8 @@ def gate_up_silu(
         raise ValueError("FP8 operands take x_scale and w_scale; others take neither")
     if not x.is_cuda and not (_INTERPRET and triton is not None):
         if scaled:
-            x, w = x.float() * x_scale, w.float() * w_scale.reshape(-1, 1)
-            return gate_up_silu_reference(x, w).to(torch.bfloat16)
+            y = gate_up_silu_reference(x.float() * x_scale, w.float() * w_scale.reshape(-1, 1))
+            return y.to(torch.bfloat16) if out is None else out.copy_(y)
         return gate_up_silu_reference(x, w, out)
     if triton is None:
         raise RuntimeError("gate_up_silu on CUDA needs triton")
