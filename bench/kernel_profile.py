@@ -23,12 +23,13 @@ from pathlib import Path
 
 import torch
 
-from .throughput import MODELS, calls, engine_for, full_batches, matmul_tflops
+from .throughput import FP8_SYSTEMS, MODELS, calls, engine_for, full_batches, matmul_tflops
 from .timing import environment, sync, write_json
 
 FAMILIES = (  # the first pattern a kernel's name matches names its family (FA3's names hold "cutlass")
     ("attention", r"PrefillWithKVCache|BatchPrefill|MergeState|Attention"),
     ("gate_up_silu", r"gate_up_silu"),  # Triton's gate/up GEMM writing silu(g) * u
+    ("fp8_quant", r"_quant_kernel"),  # FP8's norms, SiLU-and-mul and plain quantization (fp8_kernels)
     ("gemm", r"gemm|cutlass|xmma|nvjet|cublas|splitKreduce"),
     ("qk_norm_rope", r"qk_norm_rope"),
     ("add_rmsnorm", r"FusedAddRMSNorm"),
@@ -169,7 +170,8 @@ def main(argv: list[str] | None = None) -> None:
         default="fused",
         help="comma-separated model kernels, each profiled (KERNELS/noaddmm: the residual adds"
         " outside the GEMMs; KERNELS/finorm: FlashInfer's hidden-state norms, not Triton's;"
-        " KERNELS/noswiglu: gate/up on cuBLAS and FlashInfer's SiLU-and-mul, not Triton's one GEMM)",
+        " KERNELS/noswiglu: gate/up on cuBLAS and FlashInfer's SiLU-and-mul, not Triton's one GEMM;"
+        " KERNELS/fp8 and the other bench.throughput FP8 variants: the linears in FP8)",
     )
     ap.add_argument("--schemes", default="auto", help="comma-separated: auto or a scheme, each profiled")
     ap.add_argument(
@@ -190,17 +192,19 @@ def main(argv: list[str] | None = None) -> None:
     for kernels, attention, blas in itertools.product(
         *(x.split(",") for x in (a.kernels, a.attention, a.blas))
     ):
+        base, *opts = kernels.split("/")
         engine = engine_for(
             cfg,
             device,
-            kernels.split("/")[0],
+            base,
             a.budget,
             attention=attention.split("/")[0],
             blas=blas,
             materialize=not attention.endswith("/nomat"),
-            residual_in_gemm=not kernels.endswith("/noaddmm"),
-            triton_norm=not kernels.endswith("/finorm"),
-            swiglu_gemm=not kernels.endswith("/noswiglu"),
+            residual_in_gemm="noaddmm" not in opts,
+            triton_norm="finorm" not in opts,
+            swiglu_gemm="noswiglu" not in opts,
+            fp8=next((FP8_SYSTEMS[o] for o in opts if o in FP8_SYSTEMS), ""),
         )
         for w, scheme in itertools.product(a.workloads.split(","), a.schemes.split(",")):
             rec = {

@@ -123,12 +123,12 @@ def test_kernel_profile_sorts_kernels_into_families_and_times_a_batch(tmp_path, 
     from bench import kernel_profile as kp
 
     kp.main(["--device", "cpu", "--model", "smoke", "--workloads", "A", "--batches", "1",
-             "--schemes", "auto,multi_item", "--kernels", "fused,fused/noaddmm",
+             "--schemes", "auto,multi_item", "--kernels", "fused,fused/noaddmm,fused/fp8",
              "--out", str(tmp_path)])  # fmt: skip
     records = json.loads((tmp_path / "kernel_profile.json").read_text())["records"]
     assert [(r["kernels"], r["scheme_used"]) for r in records] == [
         ("fused", ["ragged"]), ("fused", ["multi_item"]), ("fused/noaddmm", ["ragged"]),
-        ("fused/noaddmm", ["multi_item"]),
+        ("fused/noaddmm", ["multi_item"]), ("fused/fp8", ["ragged"]), ("fused/fp8", ["multi_item"]),
     ]  # fmt: skip
     assert all(r["docs_s"] > 0 and r["wall_ms_per_batch"] > 0 for r in records)
     names = {
@@ -138,6 +138,7 @@ def test_kernel_profile_sorts_kernels_into_families_and_times_a_batch(tmp_path, 
         "nvjet_sm90_tst_192x192_64x4_2x1_v_bz_coopB_TNN": "gemm",
         "_qk_norm_rope_kernel": "qk_norm_rope",
         "_gate_up_silu_kernel": "gate_up_silu",  # not silu_and_mul's family: it is the GEMM too
+        "_quant_kernel": "fp8_quant",  # FP8's norms and SiLU-and-mul: not the bf16 ones' families
         "void flashinfer::norm::FusedAddRMSNormKernel<8u, __nv_bfloat16>": "add_rmsnorm",
         "void flashinfer::norm::RMSNormKernel<8u, __nv_bfloat16>": "rmsnorm",
         "void flashinfer::activation::act_and_mul_kernel<__nv_bfloat16, &(silu(float const&))>": (

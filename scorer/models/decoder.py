@@ -189,16 +189,38 @@ class DecoderLayer(nn.Module):
             self.pre_feedforward_layernorm = norm()
             self.post_feedforward_layernorm = norm()
         self.residual_in_gemm = fused  # ``DecoderLM.residual_in_gemm``
+        self.residual_in_norm = False  # ``defers_residual``; set by ``quant.quantize_model``
 
-    def qkv(self, h: torch.Tensor, rope: Rope, out: QKV | torch.Tensor | None = None) -> QKV:
-        """The first half of the layer, up to attention."""
-        return self.self_attn.qkv(self.input_layernorm(h), rope, out)
+    def qkv(
+        self,
+        h: torch.Tensor,
+        rope: Rope,
+        out: QKV | torch.Tensor | None = None,
+        pending: torch.Tensor | None = None,
+    ) -> QKV:
+        """The first half of the layer, up to attention. ``pending``: the previous layer's MLP
+        output, not yet added to ``h`` (``finish(defer=True)``): the input norm adds it first."""
+        x = self.input_layernorm(h) if pending is None else _add_norm(pending, h, self.input_layernorm)
+        return self.self_attn.qkv(x, rope, out)
+
+    @property
+    def defers_residual(self) -> bool:
+        """Can this layer's MLP output be left for the next layer's input norm to add (``finish``'s
+        ``defer``)? With the FP8 fused path (``quant.quantize_model``): the next norm's kernel then
+        adds it as it reads ``h`` (the same bf16 sum), and the add's own kernel, which read ``h``
+        and the MLP output and wrote ``h`` again, is gone."""
+        return self.residual_in_norm and not self.residual_in_gemm and not self.sandwich
 
     def finish(
-        self, h: torch.Tensor, attn_out: torch.Tensor, out: torch.Tensor | None = None
+        self,
+        h: torch.Tensor,
+        attn_out: torch.Tensor,
+        out: torch.Tensor | None = None,
+        defer: bool = False,
     ) -> torch.Tensor:
         """The second half: output projection, residuals and MLP; ``out`` may alias ``h``. The
-        first residual add updates ``h`` in place (the second too with ``residual_in_gemm``)."""
+        first residual add updates ``h`` in place (the second too with ``residual_in_gemm``). With
+        ``defer`` (``defers_residual``) the MLP's output is returned, not added to ``h``."""
         if self.residual_in_gemm:
             _gemm_add_(h, attn_out.reshape(h.shape[0], -1), self.self_attn.o_proj)
             _gemm_add_(h, self.mlp.act(self.post_attention_layernorm(h)), self.mlp.down_proj)
@@ -208,8 +230,8 @@ class DecoderLayer(nn.Module):
             h.add_(self.post_attention_layernorm(o))
             x = self.mlp(self.pre_feedforward_layernorm(h))
             return torch.add(h, self.post_feedforward_layernorm(x), out=out)
-        x = _add_norm(o, h, self.post_attention_layernorm)
-        return torch.add(h, self.mlp(x), out=out)
+        x = self.mlp(_add_norm(o, h, self.post_attention_layernorm))
+        return x if defer else torch.add(h, x, out=out)
 
 
 class Backbone(nn.Module):
@@ -365,13 +387,42 @@ class DecoderLM(nn.Module):
         """Layer ``i`` after attention: output projection, residuals, MLP; ``out`` may alias ``h``."""
         return self.model.layers[i].finish(h, attn_out, out)
 
+    def layer_next(
+        self,
+        i: int,
+        h: torch.Tensor,
+        attn_out: torch.Tensor,
+        rope: Rope,
+        out: QKV | torch.Tensor | None = None,
+    ) -> QKV:
+        """Layer ``i`` after attention, ``h`` updated in place, then layer ``i + 1`` up to attention
+        (``layer_qkv``); the MLP's residual add inside the next input norm where the layer
+        ``defers_residual``."""
+        layer, nxt = self.model.layers[i], self.model.layers[i + 1]
+        if layer.defers_residual:
+            return nxt.qkv(h, rope, out, pending=layer.finish(h, attn_out, defer=True))
+        layer.finish(h, attn_out, out=h)
+        return nxt.qkv(h, rope, out)
+
+    @property
+    def residual_in_norm(self) -> bool:
+        """Does each layer's MLP output reach the residual stream in the next layer's input norm
+        (``DecoderLayer.defers_residual``)? On with FP8's fused path; settable (benchmarks)."""
+        return all(layer.residual_in_norm for layer in self.model.layers)
+
+    @residual_in_norm.setter
+    def residual_in_norm(self, value: bool) -> None:
+        for layer in self.model.layers:
+            layer.residual_in_norm = value
+
     def forward_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttnFn) -> torch.Tensor:
         """input_ids, positions: [T] long -> hidden states [T, hidden] before the final norm."""
         h = self.embed(input_ids)
         rope = self.rope(positions, h.dtype)
-        for i, layer in enumerate(self.model.layers):
-            h = layer.finish(h, attn(i, *layer.qkv(h, rope)))
-        return h
+        heads = self.layer_qkv(0, h, rope)
+        for i in range(self.num_layers - 1):
+            heads = self.layer_next(i, h, attn(i, *heads), rope)
+        return self.layer_finish(self.num_layers - 1, h, attn(self.num_layers - 1, *heads))
 
     def score_logits(self, hidden_rows: torch.Tensor) -> torch.Tensor:
         """Final norm and the head on the given rows [R, hidden] only -> fp32 logits [R, vocab] of

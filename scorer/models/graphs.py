@@ -145,13 +145,13 @@ class GraphedDecoder:
                 tables = m.rope(self.pos[:n], h.dtype)
                 rope.cos.copy_(tables.cos)
                 rope.sin.copy_(tables.sin)
-        if i > 0:
+        heads = self.qkv[:n] if self.qkv is not None else (self.q[:n], self.k[:n], self.v[:n])
+        if i == 0:
+            m.layer_qkv(0, h, rope, out=heads)
+        elif i < m.num_layers:
+            m.layer_next(i - 1, h, self.attn[:n], rope, out=heads)
+        else:
             m.layer_finish(i - 1, h, self.attn[:n], out=h)
-        if i == m.num_layers:
-            return
-        m.layer_qkv(
-            i, h, rope, out=self.qkv[:n] if self.qkv is not None else (self.q[:n], self.k[:n], self.v[:n])
-        )
 
     def _write(self, i: int, n: int) -> None:
         """Layer ``i``'s K/V of the first ``n`` rows to the pool, at ``slots``."""
