@@ -9,7 +9,15 @@ inside a CUDA graph of ``--reps`` calls (as the model's graphs run them: no host
 (useful FLOPs 4 T H I); each output's largest error against the fp32 product
 (``gate_up_silu_reference``) beside it. GPU only.
 
+``--fp8``: the same on FP8 operands (``--quantization fp8``: x per row, the weight per output
+channel, ``fp8_kernels.quantize_rows``), each as the serving path runs it, up to the down GEMM's
+FP8 input: cuBLAS's rowwise-scaled GEMM (``torch._scaled_mm``) alone and with the quantizing
+SiLU-and-mul (``fp8_kernels.silu_mul_quant``), and Triton's ``gate_up_silu`` in each shape of
+``FP8_CONFIGS`` followed by its quantization (``fp8_kernels.quantize``); errors against the fp32
+product of the dequantized operands.
+
     python -m bench.triton_gemm --out DIR [--models 0.6b,8b] [--rows 800,4100,16128] [--configs default]
+        [--fp8]
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from scorer.models import fused, triton_ops
+from scorer.models import fp8_kernels, fused, triton_ops
 
 from .timing import capture_graph, environment, time_ms
 
@@ -46,6 +54,18 @@ SWIGLU_CONFIGS = [  # (BLOCK_M, BLOCK_N, BLOCK_K, stages, warps, GROUP_M, persis
 than cuBLAS everywhere; bench/data/kernels/triton_gemm.*) put the persistent 128 x 128 x 64 shape
 first; these are it, its GROUP_M neighbours, warp specialisation, and 64-row tiles in two stages
 (two programs an SM, one's epilogue under the other's loads)."""
+
+FP8_CONFIGS = [
+    (128, 128, 128, 3, 8, 4, True, ""),  # the default (``gate_up_config(fp8=True)``)
+    (128, 128, 128, 4, 8, 4, True, ""),
+    (128, 128, 128, 3, 8, 16, True, ""),
+    (128, 128, 64, 4, 8, 4, True, ""),
+    (128, 128, 256, 2, 8, 4, True, ""),
+    (128, 128, 128, 3, 8, 4, True, "ws"),
+    (64, 128, 128, 3, 4, 8, False, ""),
+]
+"""FP8's program shapes: the bf16 default with K in steps of 128 (the same bytes a stage), its
+neighbours in stages, K step and grouping, warp specialisation, 64-row tiles."""
 
 
 def graph_us(fn, reps: int, iters: int) -> float:
@@ -101,6 +121,44 @@ def measure(model: str, rows: int, configs: list, reps: int, iters: int, peak: f
     return timed(model, rows, runs, mlp_err, 4 * rows * h * i, reps, iters, peak)
 
 
+def measure_fp8(model: str, rows: int, configs: list, reps: int, iters: int, peak: float) -> list[dict]:
+    h, _, _, i = MODELS[model]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(rows, h, device="cuda", dtype=torch.bfloat16, generator=g)
+    w = torch.randn(2 * i, h, device="cuda", dtype=torch.bfloat16, generator=g) / h**0.5
+    (xq, sx), (wq, sw) = fp8_kernels.quantize_rows(x), fp8_kernels.quantize_rows(w)
+    sw = sw.reshape(1, -1).contiguous()
+    gu = torch.empty(rows, 2 * i, device="cuda", dtype=torch.bfloat16)
+    act = torch.empty(rows, i, device="cuda", dtype=torch.bfloat16)
+    ref = triton_ops.gate_up_silu_reference(xq.float() * sx, wq.float() * sw.reshape(-1, 1))
+    last: dict = {}
+
+    def gemm():
+        return torch._scaled_mm(xq, wq.t(), scale_a=sx, scale_b=sw, out_dtype=torch.bfloat16, out=gu)
+
+    def cublas_silu():
+        last["q"] = fp8_kernels.silu_mul_quant(gemm())
+
+    runs = {"fp8 cublas gemm": gemm, "fp8 cublas+silu_quant": cublas_silu}
+    for c in configs:
+
+        def triton_quant(c=c):
+            last["q"] = fp8_kernels.quantize(
+                triton_ops.gate_up_silu(xq, wq, act, config=c, x_scale=sx, w_scale=sw)
+            )
+
+        runs["fp8 triton+quant " + ",".join(map(str, c)).rstrip(",")] = triton_quant
+
+    def err(name):  # the FP8 output dequantized, against the fp32 product (half an FP8 step is ~3%)
+        return (
+            None
+            if name == "fp8 cublas gemm"
+            else (last["q"].q.float() * last["q"].scale - ref).abs().max().item()
+        )
+
+    return timed(model, rows, runs, err, 4 * rows * h * i, reps, iters, peak)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("out"))
@@ -109,16 +167,25 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--configs", default="all", help="'all' (SWIGLU_CONFIGS) or 'default'")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument(
+        "--fp8", action="store_true", help="FP8 operands (FP8_CONFIGS), up to the down GEMM's input"
+    )
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
-    configs = SWIGLU_CONFIGS if a.configs == "all" else None
+    configs = (FP8_CONFIGS if a.fp8 else SWIGLU_CONFIGS) if a.configs == "all" else None
     peak = matmul_tflops(8192)
     result = {**environment(torch.device("cuda")), "matmul_tflops": peak, "records": []}
     print(f"matmul {peak:.0f} TFLOP/s\n| model | rows | variant | us | of matmul | max err |")
     print("|---|---:|---|---:|---:|---:|")
     for model in a.models.split(","):
         for rows in (int(r) for r in a.rows.split(",") if r):
-            result["records"] += measure(model, rows, configs, a.reps, a.iters, peak)
+            if a.fp8:
+                fp8_configs = configs or [
+                    triton_ops.gate_up_config(rows, MODELS[model][0], MODELS[model][3], fp8=True)
+                ]
+                result["records"] += measure_fp8(model, rows, fp8_configs, a.reps, a.iters, peak)
+            else:
+                result["records"] += measure(model, rows, configs, a.reps, a.iters, peak)
             (a.out / "triton_gemm.json").write_text(json.dumps(result, indent=1))
 
 
