@@ -125,7 +125,12 @@ def _launch(
     weight: torch.Tensor | None = None,
     eps: float = 0.0,
     residual: torch.Tensor | None = None,
+    config: tuple[int, int] | None = None,
+    recip: bool = False,
 ) -> Quantized:
+    """One ``_quant_kernel`` over ``x``'s rows; ``config`` (rows a program, num_warps) overrides
+    ``row_config`` and ``recip`` multiplies by the scale's reciprocal instead of dividing
+    (``bench.fp8_quant`` measures both)."""
     x2 = x.reshape(-1, x.shape[-1])
     rows = x2.shape[0]
     q = torch.empty(rows, width, dtype=FP8, device=x.device)
@@ -134,11 +139,11 @@ def _launch(
     if x2.stride(-1) != 1 or r2.stride(-1) != 1 or (residual is not None and r2.shape != x2.shape):
         raise ValueError(f"FP8 quantization needs rows with a contiguous last dim, got {tuple(x.shape)}")
     if rows:
-        block_rows, num_warps = row_config(width, mode)
+        block_rows, num_warps = config or row_config(width, mode)
         _quant_kernel[(triton.cdiv(rows, block_rows),)](
             x2, r2, x2 if weight is None else weight, q, scale, rows, x2.stride(0), r2.stride(0), float(eps),
             N=width, BLOCK_N=triton.next_power_of_2(width), BLOCK_ROWS=block_rows, MODE=mode,
-            INV_FP8_MAX=INV_FP8_MAX, MIN_AMAX=MIN_AMAX, num_warps=num_warps,
+            INV_FP8_MAX=INV_FP8_MAX, MIN_AMAX=MIN_AMAX, RECIP=recip, num_warps=num_warps,
         )  # fmt: skip
     return Quantized(q, scale)
 
@@ -149,7 +154,7 @@ if triton is not None:
     def _quant_kernel(
         x_ptr, r_ptr, w_ptr, q_ptr, s_ptr, n_rows, stride_x, stride_r, eps,
         N: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_ROWS: tl.constexpr, MODE: tl.constexpr,
-        INV_FP8_MAX: tl.constexpr, MIN_AMAX: tl.constexpr,
+        INV_FP8_MAX: tl.constexpr, MIN_AMAX: tl.constexpr, RECIP: tl.constexpr,
     ):  # fmt: skip
         """One program per BLOCK_ROWS rows, each whole in registers: the row's value in the
         activations' dtype (MODE: as it is; RMSNorm; residual add then RMSNorm; SiLU(gate) * up),
@@ -180,6 +185,9 @@ if triton is not None:
             y = (x32 * rstd[:, None] * w[None, :]).to(dtype).to(tl.float32)
         amax = tl.max(tl.abs(y), axis=1)
         scale = tl.maximum(amax, MIN_AMAX) * INV_FP8_MAX
-        q = tl.div_rn(y, scale[:, None]).to(q_ptr.dtype.element_ty)
+        if RECIP:
+            q = (y * tl.div_rn(1.0, scale)[:, None]).to(q_ptr.dtype.element_ty)
+        else:
+            q = tl.div_rn(y, scale[:, None]).to(q_ptr.dtype.element_ty)
         tl.store(q_ptr + r64 * N + cols[None, :], q, mask=ok)
         tl.store(s_ptr + rows, scale, mask=row_ok)
