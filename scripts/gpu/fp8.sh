@@ -10,7 +10,7 @@
 #       time goes (bench.kernel_profile: bf16, FP8, FP8 with the MLP's residual add on its own; 0.6B A
 #       and E, 8B A and B) and the FP8 gate/up GEMM's program shapes (bench.triton_gemm --fp8)
 #       -> $OUT/kernel_profile.json, kernel_profile_8b.json, triton_gemm.json, kernels.log
-# (device: carry [".gpu"]; CALLS=, CALLS_8B=, SYSTEMS_06B=, SYSTEMS_8B=, BUDGET_06B=, BUDGET_8B= to change)
+# (device: carry [".gpu"]; MODELS= (ranking), CALLS=, CALLS_8B=, SYSTEMS_06B=, SYSTEMS_8B=, BUDGET_06B=, BUDGET_8B= to change)
 source scripts/gpu/env.sh
 case "${1:-speed}" in
 speed)
@@ -26,7 +26,7 @@ speed)
   ;;
 ranking)
   # the JSON is written after each system, so a run cut by the timeout keeps what it measured
-  timeout "${BENCH_TIMEOUT_S:-420}" python3 -m bench.fp8 --out "$OUT" --models qwen3-0.6b,qwen3-8b \
+  timeout "${BENCH_TIMEOUT_S:-420}" python3 -m bench.fp8 --out "$OUT" --models "${MODELS:-qwen3-0.6b,qwen3-8b}" \
     --calls "${CALLS:-1000}" --calls-8b "${CALLS_8B:-100}" --seconds 0 2>&1 | grep -v Warning | tee "$OUT/fp8.log"
   ;;
 kernels)
