@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import torch
 
-from scorer.models.triton_ops import _INTERPRET, rms_norm_reference, tl, triton
+from scorer.models.triton_ops import reference_path, rms_norm_reference, tl, triton
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max  # 448
@@ -65,13 +65,9 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
-def _torch_path(x: torch.Tensor) -> bool:
-    return (not x.is_cuda and not (_INTERPRET and triton is not None)) or triton is None
-
-
 def quantize(x: torch.Tensor) -> Quantized:
     """``quantize_rows`` of ``x`` [M, K] (rows may be strided, the last dim contiguous)."""
-    if _torch_path(x) or x.shape[-1] > MAX_WIDTH:
+    if reference_path(x) or x.shape[-1] > MAX_WIDTH:
         return Quantized(*quantize_rows(x))
     return _launch(_PLAIN, x, x.shape[-1])
 
@@ -82,7 +78,7 @@ def rms_norm_quant(
     """RMSNorm of the rows of ``x`` [M, H] (``triton_ops.rms_norm``: fp32, rounded once to ``x``'s
     dtype), quantized per row. With ``residual`` [M, H]: first ``residual += x`` in place (in fp32,
     rounded to the dtype), then the norm of that sum (``x`` is left as it was)."""
-    if _torch_path(x) or x.shape[-1] > MAX_WIDTH:
+    if reference_path(x) or x.shape[-1] > MAX_WIDTH:
         if residual is not None:
             residual.add_(x)
             x = residual
@@ -102,7 +98,7 @@ def silu_mul_quant(gate_up: torch.Tensor) -> Quantized:
     """``silu(g) * u`` of ``gate_up`` [M, 2I] (the merged gate/up GEMM's output) quantized per row:
     the down projection's input, without its bf16 [M, I] written and read again."""
     width = gate_up.shape[-1] // 2
-    if _torch_path(gate_up) or width > MAX_WIDTH:
+    if reference_path(gate_up) or width > MAX_WIDTH:
         return Quantized(*quantize_rows(silu_mul_reference(gate_up)))
     return _launch(_SILU, gate_up, width)
 

@@ -43,6 +43,16 @@ QKV = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def reference_path(x: torch.Tensor, kernel: str | None = None) -> bool:
+    """Does a kernel on ``x`` run its torch statement instead: ``x`` on the CPU (unless Triton's
+    interpreter runs), or no Triton (a CUDA tensor then raises naming ``kernel``, when given)?"""
+    if not x.is_cuda and not (_INTERPRET and triton is not None):
+        return True
+    if triton is None and kernel is not None:
+        raise RuntimeError(f"{kernel} on CUDA needs triton")
+    return triton is None
+
+
 def qk_norm_rope_reference(
     qkv: torch.Tensor,
     q_weight: torch.Tensor | None,
@@ -150,13 +160,11 @@ def qk_norm_rope(
     """
     if (q_weight is None) != (k_weight is None):
         raise ValueError("give both q_weight and k_weight, or neither")
-    if not qkv.is_cuda and not (_INTERPRET and triton is not None):
+    if reference_path(qkv, "qk_norm_rope"):
         return qk_norm_rope_reference(
             qkv, q_weight, k_weight, eps, positions, cos_sin_cache,
             num_q_heads, num_kv_heads, head_dim, q_out, k_out, v_out,
         )  # fmt: skip
-    if triton is None:
-        raise RuntimeError("qk_norm_rope on CUDA needs triton")
     T, hq, hkv, d = qkv.shape[0], num_q_heads, num_kv_heads, head_dim
     if qkv.dim() != 2 or qkv.shape[1] != (hq + 2 * hkv) * d or qkv.stride(1) != 1:
         raise ValueError(f"qkv must be [T, {(hq + 2 * hkv) * d}] with contiguous columns, got {qkv.shape}")
@@ -222,10 +230,8 @@ def rms_norm(
     fp32 and rounded once, into ``out`` when given (it may be ``x``); allocates nothing then, and
     never synchronises, so it can be captured in a CUDA graph. ``config`` = (rows a program,
     num_warps) overrides ``rms_norm_config``. CPU tensors go to ``rms_norm_reference``."""
-    if not x.is_cuda and not (_INTERPRET and triton is not None):
+    if reference_path(x, "rms_norm"):
         return rms_norm_reference(x, weight, eps, out)
-    if triton is None:
-        raise RuntimeError("rms_norm on CUDA needs triton")
     n = x.shape[-1]
     x2 = x.reshape(-1, n)
     y = x2.new_empty(x2.shape) if out is None else out.view(-1, n)
@@ -406,13 +412,11 @@ def gate_up_silu(
     scaled = x.dtype == torch.float8_e4m3fn
     if scaled != (x_scale is not None) or scaled != (w_scale is not None):
         raise ValueError("FP8 operands take x_scale and w_scale; others take neither")
-    if not x.is_cuda and not (_INTERPRET and triton is not None):
+    if reference_path(x, "gate_up_silu"):
         if scaled:
             y = gate_up_silu_reference(x.float() * x_scale, w.float() * w_scale.reshape(-1, 1))
             return y.to(torch.bfloat16) if out is None else out.copy_(y)
         return gate_up_silu_reference(x, w, out)
-    if triton is None:
-        raise RuntimeError("gate_up_silu on CUDA needs triton")
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     T, H = x.shape
