@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 import torch
 
+from scorer.models import triton_ops
 from scorer.models.triton_ops import reference_path, rms_norm_reference, tl, triton
 
 FP8 = torch.float8_e4m3fn
@@ -40,9 +41,17 @@ MAX_WIDTH = 32768
 SiLU-and-mul's gate and up): Qwen3-32B's MLP is 25,600 wide."""
 
 
+GROUP = 128
+"""The down projection's input is quantized per token and ``GROUP``-wide group of columns
+(``quantize_groups``): Triton's gate/up GEMM holds 128 columns of a row at a time, so its epilogue
+writes the down GEMM's FP8 input and scales itself (a whole row's scale would need every tile of the
+row first), and cuBLAS multiplies it with 1x128 block scaling (``quant.Fp8Linear.groups``)."""
+
+
 class Quantized(NamedTuple):
-    """An activation in FP8: ``q`` [M, K] e4m3 and its per-row ``scale`` [M, 1] fp32,
-    ``x ~= q * scale``. What the FP8 linears take instead of a bf16 tensor."""
+    """An activation in FP8: ``q`` [M, K] e4m3 and its ``scale`` fp32, ``x ~= q * scale``: per row
+    [M, 1], or per row and ``GROUP`` columns [M, K / GROUP] (column-major, ``quantize_groups``).
+    What the FP8 linears take instead of a bf16 tensor."""
 
     q: torch.Tensor
     scale: torch.Tensor
@@ -63,6 +72,17 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     # ulps of 448, which rounds to 448 (a value would need 464 to round past it)
     q = (x / scale).to(FP8)
     return q, scale
+
+
+def quantize_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``quantize_rows`` of each ``GROUP``-wide group of columns of ``x`` [M, K]: ``(q [M, K],
+    scale [M, K / GROUP])``, the scales column-major (stride ``(1, M)``, as cuBLAS's 1x128 block
+    scaling reads them)."""
+    m, k = x.shape
+    if k % GROUP:
+        raise ValueError(f"quantizing by groups of {GROUP} columns needs a multiple of {GROUP}, not {k}")
+    q, scale = quantize_rows(x.reshape(m * k // GROUP, GROUP))
+    return q.view(m, k), scale.view(m, k // GROUP).t().contiguous().t()
 
 
 def quantize(x: torch.Tensor) -> Quantized:
@@ -95,22 +115,71 @@ def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def silu_mul_quant(gate_up: torch.Tensor) -> Quantized:
-    """``silu(g) * u`` of ``gate_up`` [M, 2I] (the merged gate/up GEMM's output) quantized per row:
-    the down projection's input, without its bf16 [M, I] written and read again."""
+    """``silu(g) * u`` of ``gate_up`` [M, 2I] (the merged gate/up GEMM's output) quantized per row
+    and ``GROUP`` columns (``quantize_groups``): the down projection's input, without its bf16
+    [M, I] written and read again. A width that 128 does not divide is quantized per row
+    (``quant.Fp8Linear.groups`` is off for it)."""
     width = gate_up.shape[-1] // 2
-    if reference_path(gate_up) or width > MAX_WIDTH:
-        return Quantized(*quantize_rows(silu_mul_reference(gate_up)))
-    return _launch(_SILU, gate_up, width)
+    if width % GROUP:
+        return quantize(silu_mul_reference(gate_up))
+    if reference_path(gate_up):
+        return Quantized(*quantize_groups(silu_mul_reference(gate_up)))
+    return _launch_groups(gate_up, width, silu=True)
 
 
-_PLAIN, _NORM, _ADD_NORM, _SILU = range(4)
+def quantize_by_groups(x: torch.Tensor) -> Quantized:
+    """``quantize_groups`` of ``x`` [M, K] (the last dim contiguous), on CUDA in one kernel."""
+    if reference_path(x):
+        return Quantized(*quantize_groups(x))
+    return _launch_groups(x, x.shape[-1], silu=False)
+
+
+def gate_up_silu_quant(x: Quantized, w: torch.Tensor, w_scale: torch.Tensor) -> Quantized:
+    """Triton's gate/up + SiLU GEMM on FP8 operands (``triton_ops.gate_up_silu``: ``x`` per row,
+    ``w`` [2I, H] per weight row) writing ``silu(g) * u`` in FP8 with a scale per row and
+    ``GROUP`` columns, from its epilogue: the value rounded to bf16 first, then quantized as
+    ``quantize_groups`` does. The CPU runs the same statements in torch."""
+    if reference_path(x.q):
+        act = triton_ops.gate_up_silu(x.q, w, x_scale=x.scale, w_scale=w_scale)
+        return Quantized(*quantize_groups(act))
+    rows, width = x.q.shape[0], w.shape[0] // 2
+    q = torch.empty(rows, width, dtype=FP8, device=x.q.device)
+    scale = torch.empty(width // GROUP, rows, dtype=torch.float32, device=x.q.device)
+    triton_ops.gate_up_silu(
+        x.q, w, q, x_scale=x.scale, w_scale=w_scale, out_scale=scale, quant=(MIN_AMAX, INV_FP8_MAX)
+    )
+    return Quantized(q, scale.t())
+
+
+def _launch_groups(x: torch.Tensor, width: int, silu: bool) -> Quantized:
+    """``_group_quant_kernel`` over ``x``'s rows: [M, width] (or gate|up [M, 2 width] with ``silu``)."""
+    if width % GROUP:
+        raise ValueError(f"quantizing by groups of {GROUP} columns needs a multiple of {GROUP}, not {width}")
+    x2 = x.reshape(-1, x.shape[-1])
+    rows = x2.shape[0]
+    if x2.stride(-1) != 1:
+        raise ValueError(f"FP8 quantization needs rows with a contiguous last dim, got {tuple(x.shape)}")
+    q = torch.empty(rows, width, dtype=FP8, device=x.device)
+    scale = torch.empty(width // GROUP, rows, dtype=torch.float32, device=x.device)
+    if rows:
+        _group_quant_kernel[(triton.cdiv(rows, GROUP_ROWS), width // GROUP)](
+            x2, q, scale, rows, x2.stride(0), N=width, GROUP=GROUP, BLOCK_ROWS=GROUP_ROWS, SILU=silu,
+            INV_FP8_MAX=INV_FP8_MAX, MIN_AMAX=MIN_AMAX, num_warps=4,
+        )  # fmt: skip
+    return Quantized(q, scale.t())
+
+
+GROUP_ROWS = 32
+"""Rows a program of ``_group_quant_kernel``: 32 x 128 values (4k, as ``row_config``'s)."""
+
+_PLAIN, _NORM, _ADD_NORM = range(3)
 
 
 def row_config(width: int, mode: int) -> tuple[int, int]:
     """(rows a program, num_warps): ~4k values a program in 4 warps (8 rows of Qwen3-0.6B's 1,024),
     a wider row alone with up to 16 warps, so that a thread holds at most 64 of a tensor's values
     (the bf16 ``rms_norm``'s measured rule: more spilled)."""
-    block = triton.next_power_of_2(width) * (2 if mode == _SILU else 1)
+    block = triton.next_power_of_2(width)
     return max(1, 4096 // block), min(16, max(4, block // 1024))
 
 
@@ -153,8 +222,8 @@ if triton is not None:
         INV_FP8_MAX: tl.constexpr, MIN_AMAX: tl.constexpr, RECIP: tl.constexpr,
     ):  # fmt: skip
         """One program per BLOCK_ROWS rows, each whole in registers: the row's value in the
-        activations' dtype (MODE: as it is; RMSNorm; residual add then RMSNorm; SiLU(gate) * up),
-        then its absmax, scale and FP8 values."""
+        activations' dtype (MODE: as it is; RMSNorm; residual add then RMSNorm), then its absmax,
+        scale and FP8 values."""
         rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
         cols = tl.arange(0, BLOCK_N)
         row_ok = rows < n_rows
@@ -163,11 +232,7 @@ if triton is not None:
         src = x_ptr + r64 * stride_x + cols[None, :]
         x = tl.load(src, mask=ok, other=0.0)
         dtype = x.dtype
-        if MODE == 3:  # SiLU-and-mul: gate columns [0, N), up columns [N, 2N)
-            g = x.to(tl.float32)
-            u = tl.load(src + N, mask=ok, other=0.0).to(tl.float32)
-            y = (tl.fdiv(g, 1.0 + tl.exp(-g), ieee_rounding=False) * u).to(dtype).to(tl.float32)
-        elif MODE == 0:
+        if MODE == 0:
             y = x.to(tl.float32)
         else:
             if MODE == 2:  # the residual stream += x, stored, and normed
@@ -187,3 +252,29 @@ if triton is not None:
             q = tl.div_rn(y, scale[:, None]).to(q_ptr.dtype.element_ty)
         tl.store(q_ptr + r64 * N + cols[None, :], q, mask=ok)
         tl.store(s_ptr + rows, scale, mask=row_ok)
+
+    @triton.jit(do_not_specialize=["n_rows"])
+    def _group_quant_kernel(
+        x_ptr, q_ptr, s_ptr, n_rows, stride_x,
+        N: tl.constexpr, GROUP: tl.constexpr, BLOCK_ROWS: tl.constexpr, SILU: tl.constexpr,
+        INV_FP8_MAX: tl.constexpr, MIN_AMAX: tl.constexpr,
+    ):  # fmt: skip
+        """One program per BLOCK_ROWS rows and GROUP columns: the value in the activations' dtype
+        (as it is, or SiLU(gate) * up of gate columns [0, N) and up columns [N, 2N)), then each
+        row's absmax over the group, its scale (stored at [group, row]) and FP8 values."""
+        rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+        cols = tl.program_id(1) * GROUP + tl.arange(0, GROUP)
+        row_ok = rows < n_rows
+        r64 = rows.to(tl.int64)[:, None]
+        src = x_ptr + r64 * stride_x + cols[None, :]
+        x = tl.load(src, mask=row_ok[:, None], other=0.0)
+        if SILU:
+            g = x.to(tl.float32)
+            u = tl.load(src + N, mask=row_ok[:, None], other=0.0).to(tl.float32)
+            y = (tl.fdiv(g, 1.0 + tl.exp(-g), ieee_rounding=False) * u).to(x.dtype).to(tl.float32)
+        else:
+            y = x.to(tl.float32)
+        scale = tl.maximum(tl.max(tl.abs(y), axis=1), MIN_AMAX) * INV_FP8_MAX
+        q = tl.div_rn(y, scale[:, None]).to(q_ptr.dtype.element_ty)
+        tl.store(q_ptr + r64 * N + cols[None, :], q, mask=row_ok[:, None])
+        tl.store(s_ptr + tl.program_id(1) * n_rows + rows, scale, mask=row_ok)

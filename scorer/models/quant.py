@@ -24,10 +24,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from scorer.models import fp8_kernels
-from scorer.models.fp8_kernels import FP8, Quantized, quantize_rows
+from scorer.models.fp8_kernels import FP8, GROUP, Quantized, quantize_rows
 
 ATTENTION_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_LINEARS = ("gate_proj", "up_proj", "down_proj")
@@ -39,7 +40,10 @@ def _quantize(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """fp32 ``q * scale`` (``scale`` broadcast over ``q``'s rows: [M, 1] or [1, N] for [N, K]'s rows)."""
+    """fp32 ``q * scale``: ``scale`` broadcast over ``q``'s rows ([M, 1], or [1, N] for [N, K]'s
+    rows), or one a row and ``GROUP`` columns ([M, K / GROUP], ``quantize_groups``)."""
+    if scale.dim() == 2 and scale.shape[1] not in (1, q.shape[-1]):
+        scale = scale.repeat_interleave(q.shape[-1] // scale.shape[1], dim=1)
     return q.float() * scale.float()
 
 
@@ -108,6 +112,8 @@ class Fp8Linear(nn.Module):
         self.shared: SharedInput | None = (
             None  # the input quantization this linear shares (``quantize_model``)
         )
+        self.groups = False  # its input per token and GROUP columns (``quantize_model``: the down projection)
+        self._group_scales: torch.Tensor | None = None
 
     @classmethod
     def quantize(cls, linear: nn.Linear, out_dtype: torch.dtype | None = None) -> Fp8Linear:
@@ -144,8 +150,16 @@ class Fp8Linear(nn.Module):
         else:
             lead = x.shape[:-1]
             rows = x.reshape(-1, self.in_features)
-            qx, sx = _quantize(rows) if self.shared is None else self.shared(self, x, rows)
-        if qx.is_cuda:
+            if self.groups:
+                qx, sx = fp8_kernels.quantize_by_groups(rows)
+            else:
+                qx, sx = _quantize(rows) if self.shared is None else self.shared(self, x, rows)
+        if self.groups and sx.shape != (qx.shape[0], self.in_features // GROUP):
+            raise ValueError(f"{self} takes its input per {GROUP} columns, got scales {list(sx.shape)}")
+        if qx.is_cuda and self.groups:
+            y = self._grouped_mm(qx, sx)
+            y = y if out is None else out.copy_(y)
+        elif qx.is_cuda:
             kw = {} if out is None else {"out": out}
             y = torch._scaled_mm(
                 qx, self.weight.t(), scale_a=sx, scale_b=self.weight_scale, out_dtype=self.out_dtype, **kw
@@ -156,6 +170,24 @@ class Fp8Linear(nn.Module):
         if self.bias is not None:
             y.add_(self.bias)
         return y.view(*lead, self.out_features)
+
+    def _grouped_mm(self, qx: torch.Tensor, sx: torch.Tensor) -> torch.Tensor:
+        """cuBLAS's FP8 GEMM with 1x128 block scaling of both sides: ``x`` per row and ``GROUP``
+        columns, the weight's per-channel scales repeated along K (the same product)."""
+        if self._group_scales is None:
+            k_groups = self.in_features // GROUP
+            self._group_scales = self.weight_scale.expand(k_groups, self.out_features).contiguous().t()
+        m = qx.shape[0]
+        if m % 4:  # cuBLAS reads the scales' columns 16-byte aligned: pad to 4 rows (eager passes only)
+            pad = 4 - m % 4
+            zeros = qx.new_zeros(pad, qx.shape[1], dtype=torch.uint8)
+            qx = torch.cat([qx.view(torch.uint8), zeros]).view(FP8)
+            sx = torch.cat([sx.t(), sx.new_ones(sx.shape[1], pad)], dim=1).contiguous().t()
+        y = F.scaled_mm(
+            qx, self.weight.t(), sx, F.ScalingType.BlockWise1x128, self._group_scales,
+            F.ScalingType.BlockWise1x128, output_dtype=self.out_dtype,
+        )  # fmt: skip
+        return y[:m]
 
     def extra_repr(self) -> str:
         return (
@@ -203,6 +235,7 @@ def quantize_model(
                 else:
                     fp8 = Fp8Linear(given[0].to(dev), given[1].to(dev), linear.bias, dtype)
                 setattr(owner, name, fp8)
+        mlp.down_proj.groups = mlp.down_proj.in_features % GROUP == 0
         qkv = [getattr(attn, n) for n in ATTENTION_LINEARS[:3]]
         gate_up = [getattr(mlp, n) for n in MLP_LINEARS[:2]]
         if fused:
