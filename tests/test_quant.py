@@ -58,14 +58,14 @@ def loaded(path: Path, quantization: str) -> Engine:
     return engine_of(*load_model(path, "cpu", torch.float32, "torch", quantization))
 
 
-def fake_quantized(path: Path, round_weights: bool = True) -> Engine:
+def fake_quantized(path: Path, round_weights: bool = True, by_groups: bool = True) -> Engine:
     """The reference: the checkpoint's model (FP8 weights dequantized) with every decoder linear's
     input rounded to FP8 per token (the down projection's per token and 128 columns where 128
     divides its width) and
     (``round_weights``) its weight rounded to FP8 per output
     channel, both dequantized; the linears then multiply in fp32. Hooks on the plain model, no
     ``Fp8Linear``. A per-channel FP8 checkpoint's dequantized weights are the reference's as they
-    are (``round_weights=False``)."""
+    are (``round_weights=False``). ``by_groups=False``: the down projection's per token too."""
     model, tokenizer = load_model(path, "cpu", torch.float32, "torch", "none")
 
     def round_input(by_groups: bool, _module, args):
@@ -80,8 +80,8 @@ def fake_quantized(path: Path, round_weights: bool = True) -> Engine:
                 if round_weights:
                     linear.weight.data = dequantize(*quantize_rows(linear.weight))
                 # the down projection's input per token and 128 columns, every other one per token
-                by_groups = name == "down_proj" and linear.in_features % 128 == 0
-                linear.register_forward_pre_hook(partial(round_input, by_groups))
+                grouped = by_groups and name == "down_proj" and linear.in_features % 128 == 0
+                linear.register_forward_pre_hook(partial(round_input, grouped))
     return engine_of(model, tokenizer)
 
 
@@ -262,6 +262,18 @@ def test_the_residual_add_in_the_next_norm_changes_no_bit(tiny):
         base = hidden(False, False)
         for defer, graphed in ((True, False), (True, True), (False, True)):
             torch.testing.assert_close(hidden(defer, graphed), base, atol=0, rtol=0)
+
+
+def test_the_down_projection_per_token_is_a_setting(tiny):
+    """``quantize_model(groups=False)`` (the benchmarks' comparison): the down projection's input per
+    token as every other linear's, on the fused path too; the reference rounds it so."""
+    model, tokenizer = load_model(tiny, "cpu", torch.float32, "fused", "none")
+    quantize_model(model, fused=True, groups=False)
+    assert not model.model.layers[0].mlp.down_proj.groups
+    fused, ref = engine_of(model, tokenizer), fake_quantized(tiny, by_groups=False)
+    for seed in range(3):
+        req = random_request(seed)
+        torch.testing.assert_close(logprobs(fused.score(req)), logprobs(ref.score(req)), atol=1e-5, rtol=0)
 
 
 def test_the_kernels_torch_statements():

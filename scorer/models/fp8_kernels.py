@@ -114,13 +114,13 @@ def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
     return (g / (1.0 + torch.exp(-g)) * u).to(gate_up.dtype)
 
 
-def silu_mul_quant(gate_up: torch.Tensor) -> Quantized:
+def silu_mul_quant(gate_up: torch.Tensor, groups: bool = True) -> Quantized:
     """``silu(g) * u`` of ``gate_up`` [M, 2I] (the merged gate/up GEMM's output) quantized per row
     and ``GROUP`` columns (``quantize_groups``): the down projection's input, without its bf16
-    [M, I] written and read again. A width that 128 does not divide is quantized per row
-    (``quant.Fp8Linear.groups`` is off for it)."""
+    [M, I] written and read again. A width that 128 does not divide, or ``groups=False``, is
+    quantized per row (``quant.Fp8Linear.groups`` is off for it)."""
     width = gate_up.shape[-1] // 2
-    if width % GROUP:
+    if width % GROUP or not groups:
         return quantize(silu_mul_reference(gate_up))
     if reference_path(gate_up):
         return Quantized(*quantize_groups(silu_mul_reference(gate_up)))

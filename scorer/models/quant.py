@@ -204,6 +204,7 @@ def quantize_model(
     model: nn.Module,
     prequantized: Mapping[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
     fused: bool | None = None,
+    groups: bool = True,
 ) -> None:
     """Turn the decoder's linears into ``Fp8Linear``, in place, after ``DecoderLM.finalize``:
     ``prequantized`` maps a linear's name (``model.layers.0.self_attn.q_proj``) to its FP8 weight
@@ -216,6 +217,8 @@ def quantize_model(
     (``MLP.act``; with ``DecoderLM.swiglu_gemm``, Triton's gate/up + SiLU GEMM on the FP8 operands,
     then a quantization); only the attention output is quantized on its own, in one kernel. The
     MLP's residual add moves into the next layer's input norm (``DecoderLM.residual_in_norm``).
+    The down projection's input is quantized per token and 128 columns (``Fp8Linear.groups``;
+    ``groups=False``: per token, as the others, which benchmarks compare).
     Elsewhere q, k and v share one quantization of their input, gate and up another
     (``SharedInput``), and the gate/up + SiLU GEMM is off. Either way the residual adds in the
     output and down GEMMs, which read bf16 weights, give way."""
@@ -235,7 +238,7 @@ def quantize_model(
                 else:
                     fp8 = Fp8Linear(given[0].to(dev), given[1].to(dev), linear.bias, dtype)
                 setattr(owner, name, fp8)
-        mlp.down_proj.groups = mlp.down_proj.in_features % GROUP == 0
+        mlp.down_proj.groups = groups and mlp.down_proj.in_features % GROUP == 0
         qkv = [getattr(attn, n) for n in ATTENTION_LINEARS[:3]]
         gate_up = [getattr(mlp, n) for n in MLP_LINEARS[:2]]
         if fused:
