@@ -1,21 +1,24 @@
 """FP8 activations quantized where they are made: one Triton kernel each for the hidden-state
 RMSNorm (and the residual add before it) writing FP8 and per-token scales for the QKV and gate/up
-GEMMs, SiLU-and-mul writing the down GEMM's input in FP8, and a plain per-row quantization (the
-attention output, for the output projection).
+GEMMs, and a plain per-row quantization (the attention output, for the output projection). The
+down projection's input is quantized per token and ``GROUP`` columns: by the epilogue of Triton's
+gate/up + SiLU GEMM (``gate_up_silu_quant``), or under its row minimum by a SiLU-and-mul kernel
+writing FP8 (``silu_mul_quant``).
 
 ``quantize_rows`` is the definition, in torch: each row's absmax in fp32, ``scale = absmax / 448``
-(a row of zeros gets ``MIN_AMAX``'s), ``q = x / scale`` in fp32 rounded to e4m3. The kernels compute
-their bf16 result as the unfused kernels would (fp32, rounded once to the activations' dtype), then
-quantize that row exactly as ``quantize_rows`` does (the scale a product with ``INV_FP8_MAX``, the
-values an IEEE division, ``div_rn``; round to nearest even): on the same bf16 row they give the same
-bits, so the CPU reference (``quant.py``) sees the
-FP8 values the GPU multiplies. A row is whole in one program's registers (rows of up to
-``MAX_WIDTH`` values; wider ones go to the torch path).
+(a row of zeros gets ``MIN_AMAX``'s), ``q = x / scale`` in fp32 rounded to e4m3; ``quantize_groups``
+is the same on each 128-wide group of a row. The kernels compute their bf16 result as the unfused
+kernels would (fp32, rounded once to the activations' dtype), then quantize it exactly as the
+definition does (the scale a product with ``INV_FP8_MAX``, the values an IEEE division, ``div_rn``;
+round to nearest even): on the same bf16 values they give the same bits, so the CPU reference
+(``quant.py``) sees the FP8 values the GPU multiplies. A row-wise program holds its rows whole in
+registers (rows of up to ``MAX_WIDTH`` values; wider ones go to the torch path).
 
 Without them each quantization is five eager kernels (absmax, clamp, two divisions, the cast) that
-read the bf16 row twice; with them the norm and SiLU-and-mul kernels, which the bf16 path runs
-anyway, write one byte a value instead of two, and the separate quantization is gone. CPU tensors
-(and CUDA without Triton) take the torch statement of the same semantics.
+read the bf16 row twice; with them the norm kernels, which the bf16 path runs anyway, write one
+byte a value instead of two, and the gate/up GEMM writes its output in FP8 (one byte a value, where
+bf16 out and a quantizing pass wrote two, read two and wrote one). CPU tensors (and CUDA without
+Triton) take the torch statement of the same semantics.
 """
 
 from __future__ import annotations
