@@ -21,6 +21,7 @@ output and down GEMMs give way. Elsewhere (the torch kernels, the CPU) the linea
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 
 import torch
@@ -29,6 +30,8 @@ from torch import nn
 
 from scorer.models import fp8_kernels
 from scorer.models.fp8_kernels import FP8, GROUP, Quantized, quantize_rows
+
+log = logging.getLogger(__name__)
 
 ATTENTION_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_LINEARS = ("gate_proj", "up_proj", "down_proj")
@@ -55,6 +58,25 @@ def scaled_mm_supported(device: torch.device) -> str | None:
         name = torch.cuda.get_device_name(device)
         return f"FP8 GEMMs need a GPU of compute capability 8.9 or later (Ada, Hopper); {name} is not"
     return None
+
+
+def grouped_mm_supported(device: torch.device) -> str | None:
+    """What keeps cuBLAS's FP8 GEMM with 1x128 block scaling (``Fp8Linear.groups``) from running on
+    ``device`` (a torch or CUDA without it), or None: one 16 x 128 x 16 product, tried once."""
+    if device.type != "cuda":
+        return None
+    if device not in _GROUPED:
+        q = torch.zeros(16, GROUP, dtype=FP8, device=device)
+        scale = torch.ones(1, 16, device=device).t()
+        try:
+            F.scaled_mm(q, q.t(), scale, F.ScalingType.BlockWise1x128, scale, F.ScalingType.BlockWise1x128)
+            _GROUPED[device] = None
+        except (RuntimeError, AttributeError, TypeError) as e:
+            _GROUPED[device] = f"{type(e).__name__}: {e}".splitlines()[0][:200]
+    return _GROUPED[device]
+
+
+_GROUPED: dict = {}
 
 
 class SharedInput:
@@ -227,6 +249,9 @@ def quantize_model(
     if problem := scaled_mm_supported(dev):
         raise ValueError(problem)
     fused = fused_path(model) if fused is None else fused
+    if groups and (problem := grouped_mm_supported(dev)):
+        log.warning("FP8: the down projection's input per token, not per 128 columns: %s", problem)
+        groups = False
     for i, layer in enumerate(model.model.layers):
         attn, mlp = layer.self_attn, layer.mlp
         for owner, part, names in ((attn, "self_attn", ATTENTION_LINEARS), (mlp, "mlp", MLP_LINEARS)):

@@ -19,7 +19,13 @@ from test_flashinfer_engine import SCHEMES, scores  # noqa: E402
 from scorer.engine import EngineConfig  # noqa: E402
 from scorer.models import fp8_kernels, triton_ops  # noqa: E402
 from scorer.models.fp8_kernels import quantize_groups  # noqa: E402
-from scorer.models.quant import Fp8Linear, dequantize, quantize_rows, reference_mm  # noqa: E402
+from scorer.models.quant import (  # noqa: E402
+    Fp8Linear,
+    dequantize,
+    grouped_mm_supported,
+    quantize_rows,
+    reference_mm,
+)
 from scorer.runtime import build_engine  # noqa: E402
 
 BF16 = torch.bfloat16
@@ -196,6 +202,7 @@ def fp8_gpu(checkpoint):
     assert isinstance(layer.mlp.down_proj, Fp8Linear)
     # the fused path: merged FP8 GEMMs, their inputs quantized by the kernels that make them
     assert isinstance(layer.mlp.gate_up, Fp8Linear) and layer.input_layernorm.quantize
+    assert grouped_mm_supported(torch.device("cuda")) is None and layer.mlp.down_proj.groups
     assert engine.runner.capture_graphs() > 0
     return engine
 
