@@ -4,10 +4,10 @@ The four a layer runs, at the widths of Qwen3-0.6B and Qwen3-8B on 16,128 rows (
 CUDA-graph bucket): the input RMSNorm (``norm``), the residual add and post-attention RMSNorm
 (``add_norm``), the attention output's plain quantization (``attn_out``, q heads x head_dim wide) and
 the gate/up output's (``act``, the MLP's width). Each in its default program shape (``row_config``)
-and a sweep of others (rows a program, warps), dividing by the scale (the definition) or
-multiplying by its reciprocal. Device times are CUDA events (``bench.timing.time_gpu``, median of
-100); the floor is the bytes read and written once at the device-to-device copy rate of the same run.
-Every variant's FP8 values are compared with ``quantize_rows``'s (the share of values that differ).
+and a sweep of others (rows a program, warps). Device times are CUDA events
+(``bench.timing.time_gpu``, median of 100); the floor is the bytes read and written once at the
+device-to-device copy rate of the same run. Every variant's FP8 values are compared with
+``quantize_rows``'s (the share of values that differ).
 
     python -m bench.fp8_quant --out out/
 """
@@ -66,27 +66,26 @@ def main(argv: list[str] | None = None) -> None:
     bw = copy_bandwidth(device)
     result = {**environment(device), "copy_bw": bw, "rows": ROWS, "records": []}
     print(f"device-to-device copy: {bw / 1e12:.2f} TB/s (read + written)")
-    print("| model | kernel | width | rows, warps | divide | us | of floor | values off |")
-    print("|---|---|---:|---|---|---:|---:|---:|")
+    print("| model | kernel | width | rows, warps | us | of floor | values off |")
+    print("|---|---|---:|---|---:|---:|---:|")
     for model in a.models.split(","):
         for name, (mode, x, width, w, residual, nbytes) in cases(model, device).items():
             ref = want(mode, x, w, residual).view(torch.uint8)
             default = fk.row_config(width, mode)
             for config in [default] + [c for c in SWEEP if c != default]:
-                for recip in (False, True):
-                    res = None if residual is None else residual.clone()  # the first call's sum is checked
-                    run = partial(fk._launch, mode, x, width, w, EPS, res, config=config, recip=recip)
-                    got = run().q.view(torch.uint8)
-                    off = (got != ref).float().mean().item()
-                    us = time_gpu(run, device).median_ms * 1e3
-                    floor = nbytes / bw * 1e6
-                    rec = {"model": model, "kernel": name, "width": width, "config": list(config),
-                           "default": config == default, "recip": recip, "us": us, "floor_us": floor,
-                           "of_floor": floor / us, "values_off": off}  # fmt: skip
-                    result["records"].append(rec)
-                    tag = " (default)" if config == default else ""
-                    print(f"| {model} | {name} | {width} | {config}{tag} | {'recip' if recip else 'div'} |"
-                          f" {us:.1f} | {floor / us:.0%} | {off:.2e} |", flush=True)  # fmt: skip
+                res = None if residual is None else residual.clone()  # the first call's sum is checked
+                run = partial(fk._launch, mode, x, width, w, EPS, res, config=config)
+                got = run().q.view(torch.uint8)
+                off = (got != ref).float().mean().item()
+                us = time_gpu(run, device).median_ms * 1e3
+                floor = nbytes / bw * 1e6
+                rec = {"model": model, "kernel": name, "width": width, "config": list(config),
+                       "default": config == default, "us": us, "floor_us": floor, "of_floor": floor / us,
+                       "values_off": off}  # fmt: skip
+                result["records"].append(rec)
+                tag = " (default)" if config == default else ""
+                cells = f"{us:.1f} | {floor / us:.0%} | {off:.2e}"
+                print(f"| {model} | {name} | {width} | {config}{tag} | {cells} |", flush=True)
             write_json(a.out / "fp8_quant.json", result)
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import random
 import shutil
-from functools import partial
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,7 @@ from scorer.attention import HeadSpec, TorchBackend
 from scorer.engine import Engine, EngineConfig
 from scorer.models import fp8_kernels, triton_ops
 from scorer.models.fp8_checkpoint import UnsupportedQuantization, checkpoint_format
-from scorer.models.fp8_kernels import FP8, FP8_MAX, quantize_groups, quantize_rows
+from scorer.models.fp8_kernels import FP8, FP8_MAX, quantize_rows
 from scorer.models.loader import load_model
 from scorer.models.quant import ATTENTION_LINEARS, MLP_LINEARS, Fp8Linear, dequantize, quantize_model
 from scorer.models.tiny import ensure_tiny_model
@@ -58,20 +57,17 @@ def loaded(path: Path, quantization: str) -> Engine:
     return engine_of(*load_model(path, "cpu", torch.float32, "torch", quantization))
 
 
-def fake_quantized(path: Path, round_weights: bool = True, by_groups: bool = True) -> Engine:
+def fake_quantized(path: Path, round_weights: bool = True) -> Engine:
     """The reference: the checkpoint's model (FP8 weights dequantized) with every decoder linear's
-    input rounded to FP8 per token (the down projection's per token and 128 columns where 128
-    divides its width) and
-    (``round_weights``) its weight rounded to FP8 per output
+    input rounded to FP8 per token and (``round_weights``) its weight rounded to FP8 per output
     channel, both dequantized; the linears then multiply in fp32. Hooks on the plain model, no
     ``Fp8Linear``. A per-channel FP8 checkpoint's dequantized weights are the reference's as they
-    are (``round_weights=False``). ``by_groups=False``: the down projection's per token too."""
+    are (``round_weights=False``)."""
     model, tokenizer = load_model(path, "cpu", torch.float32, "torch", "none")
 
-    def round_input(by_groups: bool, _module, args):
+    def round_input(_module, args):
         (x,) = args
-        rows = x.reshape(-1, x.shape[-1])
-        return (dequantize(*(quantize_groups if by_groups else quantize_rows)(rows)).view_as(x).to(x.dtype),)
+        return (dequantize(*quantize_rows(x.reshape(-1, x.shape[-1]))).view_as(x).to(x.dtype),)
 
     for layer in model.model.layers:
         for owner, names in ((layer.self_attn, ATTENTION_LINEARS), (layer.mlp, MLP_LINEARS)):
@@ -79,9 +75,7 @@ def fake_quantized(path: Path, round_weights: bool = True, by_groups: bool = Tru
                 linear = getattr(owner, name)
                 if round_weights:
                     linear.weight.data = dequantize(*quantize_rows(linear.weight))
-                # the down projection's input per token and 128 columns, every other one per token
-                grouped = by_groups and name == "down_proj" and linear.in_features % 128 == 0
-                linear.register_forward_pre_hook(partial(round_input, grouped))
+                linear.register_forward_pre_hook(round_input)
     return engine_of(model, tokenizer)
 
 
@@ -110,40 +104,6 @@ def test_quantize_rows_round_trips_within_half_an_fp8_step():
     assert ((back - x).abs() <= bound * (1 + 1e-6)).all()
     rows = torch.arange(64) != 3
     assert (q.float().abs().amax(1)[rows] == FP8_MAX).all()  # each row's largest maps to 448 exactly
-
-
-def test_quantize_groups_is_quantize_rows_of_each_128_columns():
-    g = torch.Generator().manual_seed(5)
-    x = (torch.randn(6, 384, generator=g) * torch.logspace(-2, 2, 384)).bfloat16()  # groups of unlike size
-    q, scale = quantize_groups(x)
-    assert scale.shape == (6, 3) and scale.stride() == (1, 6)  # column-major, as cuBLAS reads it
-    for j in range(3):
-        qj, sj = quantize_rows(x[:, 128 * j : 128 * (j + 1)])
-        assert torch.equal(q[:, 128 * j : 128 * (j + 1)].float(), qj.float()) and torch.equal(
-            scale[:, j : j + 1], sj
-        )
-    torch.testing.assert_close(dequantize(q, scale), x.float(), rtol=2**-4, atol=scale.max().item() * 2**-9)
-    with pytest.raises(ValueError, match="multiple of 128"):
-        quantize_groups(x[:, :200])
-
-
-def test_the_down_projection_takes_its_input_per_128_columns():
-    """``Fp8Linear.groups``: the input quantized per token and 128 columns (by the linear itself, or
-    given so by the kernel that made it), the product that of the dequantized operands; an input
-    quantized per row is refused, naming the scales."""
-    g = torch.Generator().manual_seed(4)
-    linear = torch.nn.Linear(256, 32, bias=False)
-    with torch.no_grad():
-        linear.weight.copy_(torch.randn(32, 256, generator=g) * 0.05)
-    fp8 = Fp8Linear.quantize(linear)
-    fp8.groups = True
-    x = torch.randn(7, 256, generator=g) * torch.linspace(0.01, 10, 256)
-    qx, sx = quantize_groups(x)
-    want = dequantize(qx, sx) @ dequantize(fp8.weight, fp8.weight_scale.reshape(-1, 1)).t()
-    torch.testing.assert_close(fp8(x), want, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(fp8(fp8_kernels.Quantized(qx, sx)), want, atol=1e-5, rtol=1e-5)
-    with pytest.raises(ValueError, match="per 128 columns"):
-        fp8(fp8_kernels.Quantized(*quantize_rows(x)))
 
 
 def test_fp8_linear_is_the_product_of_the_dequantized_operands():
@@ -175,21 +135,17 @@ def test_quantized_engine_scores_equal_the_reference(tiny):
 
 
 def test_q_k_v_and_gate_up_quantize_their_input_once(tiny, monkeypatch):
-    """Four quantizations of activations a layer (q/k/v, o, gate/up per token; down per token and
-    128 columns), not seven; a linear called again on the same tensor quantizes it again."""
+    """Four quantizations of activations a layer (q/k/v, o, gate/up, down), not seven; a linear
+    called again on the same tensor quantizes it again."""
     from scorer.models import quant
 
     model, _ = load_model(tiny, "cpu", torch.float32, "torch", "fp8")
-    seen, by_groups = [], []
+    seen = []
     monkeypatch.setattr(quant, "quantize_rows", lambda x: seen.append(x.shape) or quantize_rows(x))
-    monkeypatch.setattr(
-        fp8_kernels, "quantize_groups", lambda x: by_groups.append(x.shape) or quantize_groups(x)
-    )
     ids = torch.arange(20)
     with torch.no_grad():
         hidden = model.forward_hidden(ids, ids, lambda i, q, k, v: q)  # attention: any [T, Hq, D]
-    assert len(seen) == 3 * model.num_layers and hidden.shape == (20, 64)
-    assert by_groups == [(20, model.config.intermediate_size)] * model.num_layers
+    assert len(seen) == 4 * model.num_layers and hidden.shape == (20, 64)
     attn = model.model.layers[0].self_attn
     x = torch.randn(3, 64)
     seen.clear()
@@ -264,22 +220,9 @@ def test_the_residual_add_in_the_next_norm_changes_no_bit(tiny):
             torch.testing.assert_close(hidden(defer, graphed), base, atol=0, rtol=0)
 
 
-def test_the_down_projection_per_token_is_a_setting(tiny):
-    """``quantize_model(groups=False)`` (the benchmarks' comparison): the down projection's input per
-    token as every other linear's, on the fused path too; the reference rounds it so."""
-    model, tokenizer = load_model(tiny, "cpu", torch.float32, "fused", "none")
-    quantize_model(model, fused=True, groups=False)
-    assert not model.model.layers[0].mlp.down_proj.groups
-    fused, ref = engine_of(model, tokenizer), fake_quantized(tiny, by_groups=False)
-    for seed in range(3):
-        req = random_request(seed)
-        torch.testing.assert_close(logprobs(fused.score(req)), logprobs(ref.score(req)), atol=1e-5, rtol=0)
-
-
 def test_the_kernels_torch_statements():
     """What the Triton kernels compute, on the CPU: the residual updated in place before the norm,
-    SiLU-and-mul in fp32 rounded once, then ``quantize_groups`` of the result (``quantize_rows``
-    where 128 does not divide the width)."""
+    SiLU-and-mul in fp32 rounded once, then ``quantize_rows`` of the result."""
     g = torch.Generator().manual_seed(3)
     x, res = torch.randn(5, 32, generator=g).bfloat16(), torch.randn(5, 32, generator=g).bfloat16()
     w = torch.rand(32, generator=g).bfloat16()
@@ -288,11 +231,10 @@ def test_the_kernels_torch_statements():
     assert torch.equal(res, want_res)
     want = quantize_rows(triton_ops.rms_norm_reference(want_res, w, 1e-6))
     assert torch.equal(got.q.float(), want[0].float()) and torch.equal(got.scale, want[1])
-    for width, by in ((256, quantize_groups), (96, quantize_rows)):  # by 128 columns where they divide
-        gu = torch.randn(5, 2 * width, generator=g).bfloat16()
-        act = (torch.nn.functional.silu(gu[:, :width].float()) * gu[:, width:].float()).bfloat16()
-        got, want = fp8_kernels.silu_mul_quant(gu), by(act)
-        assert torch.equal(got.q.float(), want[0].float()) and torch.equal(got.scale, want[1])
+    gu = torch.randn(5, 64, generator=g).bfloat16()
+    act = (torch.nn.functional.silu(gu[:, :32].float()) * gu[:, 32:].float()).bfloat16()
+    got = fp8_kernels.silu_mul_quant(gu)
+    assert torch.equal(got.q.float(), quantize_rows(act)[0].float())
 
 
 def test_a_score_head_model_quantizes_its_decoder(tmp_path):

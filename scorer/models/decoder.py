@@ -151,13 +151,10 @@ class MLP(nn.Module):
             return self.act_fn(self.gate_proj(x)) * self.up_proj(x)
         if isinstance(self.gate_up, nn.Module):  # FP8: the down GEMM's input quantized as it is made
             fp8 = self.gate_up
-            groups = self.down_proj.groups  # the down GEMM's input per 128 columns, else per row
             if isinstance(x, fp8_kernels.Quantized) and self._one_gemm(x.q, fp8.weight, fp8.bias):
-                if groups:
-                    return fp8_kernels.gate_up_silu_quant(x, fp8.weight, fp8.weight_scale)
                 act = triton_ops.gate_up_silu(x.q, fp8.weight, x_scale=x.scale, w_scale=fp8.weight_scale)
                 return fp8_kernels.quantize(act)
-            return fp8_kernels.silu_mul_quant(fp8(x), groups)
+            return fp8_kernels.silu_mul_quant(fp8(x))
         w, b = self.gate_up
         if self._one_gemm(x, w, b):
             return triton_ops.gate_up_silu(x, w)

@@ -21,17 +21,13 @@ output and down GEMMs give way. Elsewhere (the torch kernels, the CPU) the linea
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from scorer.models import fp8_kernels
-from scorer.models.fp8_kernels import FP8, GROUP, Quantized, quantize_rows
-
-log = logging.getLogger(__name__)
+from scorer.models.fp8_kernels import FP8, Quantized, quantize_rows
 
 ATTENTION_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_LINEARS = ("gate_proj", "up_proj", "down_proj")
@@ -43,10 +39,7 @@ def _quantize(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """fp32 ``q * scale``: ``scale`` broadcast over ``q``'s rows ([M, 1], or [1, N] for [N, K]'s
-    rows), or one a row and ``GROUP`` columns ([M, K / GROUP], ``quantize_groups``)."""
-    if scale.dim() == 2 and scale.shape[1] not in (1, q.shape[-1]):
-        scale = scale.repeat_interleave(q.shape[-1] // scale.shape[1], dim=1)
+    """fp32 ``q * scale`` (``scale`` broadcast over ``q``'s rows: [M, 1] or [1, N] for [N, K]'s rows)."""
     return q.float() * scale.float()
 
 
@@ -58,25 +51,6 @@ def scaled_mm_supported(device: torch.device) -> str | None:
         name = torch.cuda.get_device_name(device)
         return f"FP8 GEMMs need a GPU of compute capability 8.9 or later (Ada, Hopper); {name} is not"
     return None
-
-
-def grouped_mm_supported(device: torch.device) -> str | None:
-    """What keeps cuBLAS's FP8 GEMM with 1x128 block scaling (``Fp8Linear.groups``) from running on
-    ``device`` (a torch or CUDA without it), or None: one 16 x 128 x 16 product, tried once."""
-    if device.type != "cuda":
-        return None
-    if device not in _GROUPED:
-        q = torch.zeros(16, GROUP, dtype=FP8, device=device)
-        scale = torch.ones(1, 16, device=device).t()
-        try:
-            F.scaled_mm(q, q.t(), scale, F.ScalingType.BlockWise1x128, scale, F.ScalingType.BlockWise1x128)
-            _GROUPED[device] = None
-        except (RuntimeError, AttributeError, TypeError) as e:
-            _GROUPED[device] = f"{type(e).__name__}: {e}".splitlines()[0][:200]
-    return _GROUPED[device]
-
-
-_GROUPED: dict = {}
 
 
 class SharedInput:
@@ -134,8 +108,6 @@ class Fp8Linear(nn.Module):
         self.shared: SharedInput | None = (
             None  # the input quantization this linear shares (``quantize_model``)
         )
-        self.groups = False  # its input per token and GROUP columns (``quantize_model``: the down projection)
-        self._group_scales: torch.Tensor | None = None
 
     @classmethod
     def quantize(cls, linear: nn.Linear, out_dtype: torch.dtype | None = None) -> Fp8Linear:
@@ -172,16 +144,8 @@ class Fp8Linear(nn.Module):
         else:
             lead = x.shape[:-1]
             rows = x.reshape(-1, self.in_features)
-            if self.groups:
-                qx, sx = fp8_kernels.quantize_by_groups(rows)
-            else:
-                qx, sx = _quantize(rows) if self.shared is None else self.shared(self, x, rows)
-        if self.groups and sx.shape != (qx.shape[0], self.in_features // GROUP):
-            raise ValueError(f"{self} takes its input per {GROUP} columns, got scales {list(sx.shape)}")
-        if qx.is_cuda and self.groups:
-            y = self._grouped_mm(qx, sx)
-            y = y if out is None else out.copy_(y)
-        elif qx.is_cuda:
+            qx, sx = _quantize(rows) if self.shared is None else self.shared(self, x, rows)
+        if qx.is_cuda:
             kw = {} if out is None else {"out": out}
             y = torch._scaled_mm(
                 qx, self.weight.t(), scale_a=sx, scale_b=self.weight_scale, out_dtype=self.out_dtype, **kw
@@ -192,24 +156,6 @@ class Fp8Linear(nn.Module):
         if self.bias is not None:
             y.add_(self.bias)
         return y.view(*lead, self.out_features)
-
-    def _grouped_mm(self, qx: torch.Tensor, sx: torch.Tensor) -> torch.Tensor:
-        """cuBLAS's FP8 GEMM with 1x128 block scaling of both sides: ``x`` per row and ``GROUP``
-        columns, the weight's per-channel scales repeated along K (the same product)."""
-        if self._group_scales is None:
-            k_groups = self.in_features // GROUP
-            self._group_scales = self.weight_scale.expand(k_groups, self.out_features).contiguous().t()
-        m = qx.shape[0]
-        if m % 4:  # cuBLAS reads the scales' columns 16-byte aligned: pad to 4 rows (eager passes only)
-            pad = 4 - m % 4
-            zeros = qx.new_zeros(pad, qx.shape[1], dtype=torch.uint8)
-            qx = torch.cat([qx.view(torch.uint8), zeros]).view(FP8)
-            sx = torch.cat([sx.t(), sx.new_ones(sx.shape[1], pad)], dim=1).contiguous().t()
-        y = F.scaled_mm(
-            qx, self.weight.t(), sx, F.ScalingType.BlockWise1x128, self._group_scales,
-            F.ScalingType.BlockWise1x128, output_dtype=self.out_dtype,
-        )  # fmt: skip
-        return y[:m]
 
     def extra_repr(self) -> str:
         return (
@@ -226,7 +172,6 @@ def quantize_model(
     model: nn.Module,
     prequantized: Mapping[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
     fused: bool | None = None,
-    groups: bool = True,
 ) -> None:
     """Turn the decoder's linears into ``Fp8Linear``, in place, after ``DecoderLM.finalize``:
     ``prequantized`` maps a linear's name (``model.layers.0.self_attn.q_proj``) to its FP8 weight
@@ -239,8 +184,6 @@ def quantize_model(
     (``MLP.act``; with ``DecoderLM.swiglu_gemm``, Triton's gate/up + SiLU GEMM on the FP8 operands,
     then a quantization); only the attention output is quantized on its own, in one kernel. The
     MLP's residual add moves into the next layer's input norm (``DecoderLM.residual_in_norm``).
-    The down projection's input is quantized per token and 128 columns (``Fp8Linear.groups``;
-    ``groups=False``: per token, as the others, which benchmarks compare).
     Elsewhere q, k and v share one quantization of their input, gate and up another
     (``SharedInput``), and the gate/up + SiLU GEMM is off. Either way the residual adds in the
     output and down GEMMs, which read bf16 weights, give way."""
@@ -249,9 +192,6 @@ def quantize_model(
     if problem := scaled_mm_supported(dev):
         raise ValueError(problem)
     fused = fused_path(model) if fused is None else fused
-    if groups and (problem := grouped_mm_supported(dev)):
-        log.warning("FP8: the down projection's input per token, not per 128 columns: %s", problem)
-        groups = False
     for i, layer in enumerate(model.model.layers):
         attn, mlp = layer.self_attn, layer.mlp
         for owner, part, names in ((attn, "self_attn", ATTENTION_LINEARS), (mlp, "mlp", MLP_LINEARS)):
@@ -263,7 +203,6 @@ def quantize_model(
                 else:
                     fp8 = Fp8Linear(given[0].to(dev), given[1].to(dev), linear.bias, dtype)
                 setattr(owner, name, fp8)
-        mlp.down_proj.groups = groups and mlp.down_proj.in_features % GROUP == 0
         qkv = [getattr(attn, n) for n in ATTENTION_LINEARS[:3]]
         gate_up = [getattr(mlp, n) for n in MLP_LINEARS[:2]]
         if fused:

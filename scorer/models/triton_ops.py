@@ -396,8 +396,6 @@ def gate_up_silu(
     config: GemmConfig | None = None,
     x_scale: torch.Tensor | None = None,
     w_scale: torch.Tensor | None = None,
-    out_scale: torch.Tensor | None = None,
-    quant: tuple[float, float] = (0.0, 0.0),
 ) -> torch.Tensor:
     """The MLP's down-projection input ``silu(x @ gate.T) * (x @ up.T)`` as one GEMM kernel: ``w``
     [2N, H] holds the gate rows, then the up rows (``MLP.merge_gate_up``); each program computes a
@@ -410,9 +408,7 @@ def gate_up_silu(
 
     FP8 operands (``--quantization fp8``) come with their scales, ``x_scale`` [T, 1] per row and
     ``w_scale`` [1, 2N] per weight row; the products are scaled in fp32 before the SiLU, and ``out``
-    is bf16, or with ``out_scale`` [N / BLOCK_N, T] FP8: each row's ``BLOCK_N`` columns rounded to
-    bf16, then quantized with a scale of their own, stored at ``out_scale[tile column, row]``
-    (``fp8_kernels.gate_up_silu_quant``, whose ``quant`` = (absmax floor, 1 / 448) it takes)."""
+    is bf16 (the down projection's input, quantized next)."""
     scaled = x.dtype == torch.float8_e4m3fn
     if scaled != (x_scale is not None) or scaled != (w_scale is not None):
         raise ValueError("FP8 operands take x_scale and w_scale; others take neither")
@@ -427,26 +423,23 @@ def gate_up_silu(
     n = w.shape[0] // 2
     if w.shape != (2 * n, H):
         raise ValueError(f"w must be [2N, {H}], got {tuple(w.shape)}")
-    if out is None and out_scale is None:
+    if out is None:
         out = torch.empty(T, n, dtype=torch.bfloat16 if scaled else x.dtype, device=x.device)
-    if out_scale is not None and (not scaled or out is None or out_scale.shape != (n // 128, T)):
-        raise ValueError(f"an FP8 output comes from FP8 operands, with out and out_scale [{n // 128}, {T}]")
     if out.shape != (T, n) or out.stride(1) != 1 or not _tma_rows(out):
         raise ValueError(f"out must be [{T}, {n}] with contiguous, 16-byte aligned rows")
     if T == 0:
         return out
     bm, bn, bk, stages, warps, group, persistent, loop = config or gate_up_config(T, H, n, scaled)
-    if n % bn or (out_scale is not None and bn != 128):
-        raise ValueError(f"N = {n} must be a multiple of BLOCK_N = {bn} (128 with out_scale)")
+    if n % bn:
+        raise ValueError(f"N = {n} must be a multiple of BLOCK_N = {bn}")
     tiles = triton.cdiv(T, bm) * (n // bn)
     programs = min(tiles, _num_sms(x.device)) if persistent else tiles
     _gate_up_silu_kernel[(programs,)](
         TensorDescriptor.from_tensor(x, [bm, bk]),
         TensorDescriptor.from_tensor(w, [bn, bk]),
         TensorDescriptor.from_tensor(out, [bm, bn]),
-        x_scale if scaled else x, w_scale if scaled else x, x if out_scale is None else out_scale, T, n, H,
+        x_scale if scaled else x, w_scale if scaled else x, T, n, H,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group, PROGRAMS=programs, SCALED=scaled,
-        QUANT=out_scale is not None, MIN_AMAX=quant[0], INV_FP8_MAX=quant[1],
         FLATTEN=loop == "flatten", WARP_SPECIALIZE=loop == "ws",
         num_stages=stages, num_warps=warps,
     )  # fmt: skip
@@ -480,10 +473,9 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["M", "PROGRAMS"])
     def _gate_up_silu_kernel(
-        x_desc, w_desc, y_desc, xs_ptr, ws_ptr, ys_ptr, M, N, K,
+        x_desc, w_desc, y_desc, xs_ptr, ws_ptr, M, N, K,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
         PROGRAMS, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, SCALED: tl.constexpr,
-        QUANT: tl.constexpr, MIN_AMAX: tl.constexpr, INV_FP8_MAX: tl.constexpr,
     ):  # fmt: skip
         """Tiles of [BLOCK_M rows, BLOCK_N columns] of the output in grouped order (GROUP_M row
         blocks share their columns' weights in L2), PROGRAMS programs taking every PROGRAMS-th
@@ -516,10 +508,4 @@ if triton is not None:
             # silu with the approximate division (2 ulp of fp32, nothing after the bf16 rounding): the
             # IEEE one is ~15 instructions an element of an epilogue no other work hides
             y = tl.fdiv(g, 1.0 + tl.exp(-g), ieee_rounding=False) * u
-            if QUANT:  # FP8 with a scale per row of the tile: the bf16 value, as fp8_kernels quantizes
-                y = y.to(tl.bfloat16).to(tl.float32)
-                scale = tl.maximum(tl.max(tl.abs(y), axis=1), MIN_AMAX) * INV_FP8_MAX
-                y = tl.div_rn(y, scale[:, None])
-                rows = om + tl.arange(0, BLOCK_M)
-                tl.store(ys_ptr + pid_n * M + rows, scale, mask=rows < M)
             y_desc.store([om, on], y.to(y_desc.dtype))

@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # FP8 linears (--quantization fp8) on the GPU, in two device calls:
-#   bash scripts/gpu/fp8.sh speed     (~7 min on an H100) cuBLAS's FP8 scalings for the down GEMM
-#       (scaled_mm_probe.py), the GPU tests (tests/gpu/test_quant_gpu.py), then bench.throughput: bf16
-#       (auto) against FP8 (auto@fp8, the serving path; auto@fp8rows, the down projection's input per
-#       token; auto@fp8sepadd, the MLP's residual add on its own; also auto@fp8lin, auto@fp8noswiglu) on
-#       the 0.6B (A, E) and the 8B (A, B), the same run -> $OUT/throughput.json, throughput_8b.json
+#   bash scripts/gpu/fp8.sh speed     (~8 min on an H100) their GPU tests (tests/gpu/test_quant_gpu.py),
+#       then bench.throughput: bf16 (auto) against FP8 (auto@fp8, the serving path; auto@fp8lin, each
+#       linear quantizing its own input; auto@fp8noswiglu, cuBLAS's gate/up GEMM, not Triton's) on the
+#       0.6B (A, E) and the 8B (A, B), the same run -> $OUT/throughput.json, throughput_8b.json
 #   bash scripts/gpu/fp8.sh ranking   (~4 min) bench.fp8: bf16's and FP8's label log-probs and rankings
 #       against an fp32 forward, 1,000 calls of A and E on the 0.6B, 100 on the 8B -> $OUT/fp8.json, fp8.md
 #   bash scripts/gpu/fp8.sh kernels   (~6 min) the GPU tests but the families', then where FP8's device
@@ -15,14 +14,13 @@
 source scripts/gpu/env.sh
 case "${1:-speed}" in
 speed)
-  python3 scripts/gpu/scaled_mm_probe.py "$OUT/scaled_mm_probe.json" 2>&1 | grep -v Warning | cut -c1-300
   timeout 240 python3 -m pytest -m gpu tests/gpu/test_quant_gpu.py -q -p no:cacheprovider \
     --junitxml="$OUT/fp8-gpu-tests.xml" 2>&1 | tail -25 | tee "$OUT/fp8-gpu-tests.log"
   python3 -m bench.throughput --models qwen3-0.6b --workloads A,E \
-    --systems "${SYSTEMS_06B:-auto,auto@fp8,auto@fp8rows,auto@fp8sepadd}" --seconds 3 \
+    --systems "${SYSTEMS_06B:-auto,auto@fp8,auto@fp8lin,auto@fp8noswiglu}" --seconds 3 \
     --budget-s "${BUDGET_06B:-150}" --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/throughput.log"
   python3 -m bench.throughput --models qwen3-8b --workloads A,B \
-    --systems "${SYSTEMS_8B:-auto,auto@fp8,auto@fp8rows}" --seconds 3 \
+    --systems "${SYSTEMS_8B:-auto,auto@fp8,auto@fp8noswiglu}" --seconds 3 \
     --budget-s "${BUDGET_8B:-120}" --out "$OUT/8b" 2>&1 | grep -v Warning | tee -a "$OUT/throughput.log"
   cp "$OUT/8b/throughput.json" "$OUT/throughput_8b.json" && rm -r "$OUT/8b"
   ;;
