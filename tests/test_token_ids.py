@@ -214,3 +214,37 @@ def test_a_long_prompt_of_message_ids_is_checked_on_the_loop(engine):
     assert threads[0] == threading.main_thread().name
     assert threads[1].startswith("tokenize") and threads[2].startswith("tokenize")
     assert jobs[0].prefix_ids == jobs[1].prefix_ids and jobs[0].items == jobs[1].items
+
+
+def test_the_batch_ids_lay_out_long_prompts_as_arrays_and_docs_as_tuples():
+    """``engine.logical_tokens``: each call's prompt (from ``cached`` on) then its docs, ids and
+    positions, the same whether a chunk is a ``TokenIds`` (read as one array) or a tuple."""
+    import random
+    from itertools import chain
+    from types import SimpleNamespace
+
+    import torch
+
+    from scorer.engine import logical_tokens
+    from scorer.token_ids import token_ids
+
+    rng = random.Random(1)
+    for _ in range(50):
+        batch = [
+            SimpleNamespace(
+                prefix_ids=token_ids([rng.randrange(2**32) for _ in range(rng.choice([0, 5, 129, 700]))]),
+                items=[
+                    token_ids([rng.randrange(2**32) for _ in range(rng.choice([1, 129]))])
+                    for _ in range(rng.randint(1, 3))
+                ],
+            )  # fmt: skip
+            for _ in range(rng.randint(1, 3))
+        ]
+        cached = [rng.randint(0, len(j.prefix_ids)) for j in batch]
+        ids, pos = logical_tokens(batch, torch.device("cpu"), cached)
+        chunks = [c for j, n in zip(batch, cached, strict=True) for c in (j.prefix_ids[n:], *j.items)]
+        assert ids.tolist() == list(chain.from_iterable(chunks))
+        starts = [
+            s for j, n in zip(batch, cached, strict=True) for s in (n, *[len(j.prefix_ids)] * len(j.items))
+        ]
+        assert pos.tolist() == [s + k for c, s in zip(chunks, starts, strict=True) for k in range(len(c))]
