@@ -305,12 +305,13 @@ def test_scorer_serve_runs_the_checkpoint(case, tmp_path):
 
     path = write_checkpoint(CASES[case], tmp_path / case)
     ports = []
-    for _ in range(2):
+    for _ in range(3):  # gRPC, HTTP, metrics: free ones, not the defaults another server may hold
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             ports.append(s.getsockname()[1])
     cmd = [sys.executable, "-m", "scorer", "serve", "--model", str(path), "--attention-backend", "torch"]
-    cmd += ["--port", str(ports[0]), "--http-port", str(ports[1]), "--drain-seconds", "0"]
+    cmd += ["--port", str(ports[0]), "--http-port", str(ports[1]), "--metrics-port", str(ports[2])]
+    cmd += ["--drain-seconds", "0"]
     log = tmp_path / "serve.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
