@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from scorer.models import fp8_kernels, fused, triton_ops
+from scorer.models.quant import dequantize
 
 from .timing import capture_graph, environment, time_ms
 
@@ -150,11 +151,7 @@ def measure_fp8(model: str, rows: int, configs: list, reps: int, iters: int, pea
         runs["fp8 triton+quant " + ",".join(map(str, c)).rstrip(",")] = triton_quant
 
     def err(name):  # the FP8 output dequantized, against the fp32 product (half an FP8 step is ~3%)
-        return (
-            None
-            if name == "fp8 cublas gemm"
-            else (last["q"].q.float() * last["q"].scale - ref).abs().max().item()
-        )
+        return None if name == "fp8 cublas gemm" else (dequantize(*last["q"]) - ref).abs().max().item()
 
     return timed(model, rows, runs, err, 4 * rows * h * i, reps, iters, peak)
 

@@ -12,22 +12,17 @@ import torch
 import torch.nn.functional as F
 
 from bench.timing import environment, time_gpu
+from scorer.models.fp8_kernels import quantize_rows
 
 FP8, G = torch.float8_e4m3fn, 128
 dev = torch.device("cuda")
 out = {**environment(dev), "records": []}
 
 
-def q_rows(x):  # per row
-    s = x.float().abs().amax(-1, keepdim=True).clamp(min=1e-12) / 448
-    return (x.float() / s).to(FP8), s
-
-
 def q_groups(x):  # per row and 128 columns -> q, scale [M, K/128] (fp32, contiguous)
     m, k = x.shape
-    xg = x.float().view(m, k // G, G)
-    s = xg.abs().amax(-1, keepdim=True).clamp(min=1e-12) / 448
-    return (xg / s).to(FP8).view(m, k), s.view(m, k // G)
+    q, s = quantize_rows(x.reshape(m * k // G, G))
+    return q.view(m, k), s.view(m, k // G)
 
 
 def probe(m: int, k: int, n: int) -> None:
@@ -36,8 +31,8 @@ def probe(m: int, k: int, n: int) -> None:
         m, 1, device=dev, generator=g
     )
     w = (torch.randn(n, k, device=dev, generator=g) / k**0.5).to(torch.bfloat16)
-    xq, xs = q_rows(x)
-    wq, ws = q_rows(w)
+    xq, xs = quantize_rows(x)
+    wq, ws = quantize_rows(w)
     xgq, xgs = q_groups(x)
     sa = xgs.t().contiguous().t()  # [M, K/128], stride [1, M]
     sb_groups = ws.reshape(1, n).expand(k // G, n).contiguous().t()  # W per channel as 1x128: [N, K/128]
@@ -46,10 +41,10 @@ def probe(m: int, k: int, n: int) -> None:
     wbq = (wb / wbs).to(FP8).view(n, k)
     wbs2 = wbs.view(n // G, k // G)  # [N/128, K/128]
     ref_row = (xq.float() * xs) @ (wq.float() * ws).t()
-    ref_grp = (xgq.float().view(m, k // G, G) * xgs.view(m, k // G, 1)).view(m, k) @ (wq.float() * ws).t()
-    ref_blk = (xgq.float().view(m, k // G, G) * xgs.view(m, k // G, 1)).view(m, k) @ (
-        wbq.float().view(n // G, G, k // G, G) * wbs
-    ).view(n, k).t()
+    # x dequantized per row and 128 columns, as both grouped variants read it
+    xg = (xgq.float().view(m, k // G, G) * xgs.view(m, k // G, 1)).view(m, k)
+    ref_grp = xg @ (wq.float() * ws).t()
+    ref_blk = xg @ (wbq.float().view(n // G, G, k // G, G) * wbs).view(n, k).t()
     L4 = -(-(k // G) // 4) * 4
     sb_store = torch.zeros(n // G, L4, device=dev)  # Bs [L4, N/128] with stride [1, L4]
     sb_store[:, : k // G] = wbs2
