@@ -148,6 +148,14 @@ PREFIX_CACHE_EVICTIONS = Counter(
     "Cached blocks of prompt K/V evicted (least recently used, held by no batch) to make room.",
     registry=REGISTRY,
 )
+PREFIX_CACHE_REUSE = Gauge(
+    "scorer_prefix_cache_reuse",
+    "Share of prompt blocks that came back lately (read after their first sighting's write, or seen"
+    " again before forgotten): --prefix-cache-admit auto writes blocks on their first sighting while"
+    " it is at least 1/16, else on their second.",
+    registry=REGISTRY,
+    multiprocess_mode="livemax",
+)
 PREFIX_CACHE_BYTES = Gauge(
     "scorer_prefix_cache_bytes",
     "The prefix cache's K/V pool: bytes holding cached prompt blocks (used) and its size (capacity).",

@@ -18,17 +18,24 @@ given back when the batch is collected. Only leaf blocks are evicted, least rece
 and never one a lease holds; so holding a prompt's deepest block keeps its whole chain, and a
 block's ancestors are live while it is.
 
-A block is cached on its ``admit``-th sighting (default 2): the digests of prompt blocks seen and
-not cached are remembered (as many as the pool holds blocks, ``SEEN`` at most; least
-recently seen forgotten first), and a prompt writes only the blocks seen before. A block that
-comes back only after more distinct blocks than the pool holds would have been evicted before
-its return (least recently used first), so caching it would cost a write and evict a block that
-might be read: such prompts (a set larger than the pool, cycled) are forgotten before they
-return and write nothing (without this rule the served sweeps' 4,000 prompts wrote and evicted on
-every call, and hit 1-9% of their tokens). A prompt seen once (a unique query) writes nothing; a
-call that neither reads nor writes the pool plans off it, and a batch of such calls runs exactly as
-without a cache (no pool writes, no scattered K/V reads: bench/RESULTS.md, The prefix cache,
-measures what they cost).
+Admission (``admit``): a prompt's blocks are written to the pool on their first sighting or on
+their second. Blocks seen and not cached are remembered by digest (as many as the pool holds
+blocks, ``SEEN`` at most; least recently seen forgotten first), and on the second sighting a
+prompt writes the blocks seen before. That costs a prompt that repeats a second full compute (of
+ten calls of an 8,000-token prompt, two computed it: 3.0x cache-off on an H100 where the first
+sighting's write would allow more, bench/RESULTS.md) but protects the pool from prompts that do
+not come back: a prompt seen once (a unique query) writes nothing, and a set larger than the pool,
+cycled, is forgotten before it returns (without this rule the served sweeps' 4,000 prompts wrote
+and evicted on every call, and hit 1-9% of their tokens). ``auto`` (the default) picks between
+the two by what came back lately: each block written on its first sighting is on trial until it
+is read (it came back) or evicted unread (it did not); each block remembered as seen comes back on
+its second sighting or is forgotten. Over the last ``REUSE_WINDOW`` such outcomes, if at least
+``MIN_REUSE`` of the blocks came back, blocks are written on first sight; else on the second.
+Writing costs a copy of the block's rows (~2% of a batch that writes every prompt, against one
+that writes none, bench/RESULTS.md) and a read saves most of the block's compute, so the write
+pays where more than a few percent come back. A call that neither reads nor writes the pool plans
+off it, and a batch of such calls runs exactly as without a cache (no pool writes, no scattered
+K/V reads: bench/RESULTS.md, The prefix cache, measures what they cost).
 """
 
 from __future__ import annotations
@@ -55,6 +62,15 @@ matched with one lookup (hashing its ids once) instead of one per block."""
 SEEN = 1 << 16
 """Block chains remembered as seen-but-not-cached, for admission on a later sighting, at most
 (fewer where the pool holds fewer blocks)."""
+REUSE_WINDOW = 4096
+"""Block outcomes (came back or not) that ``auto`` admission weighs: when more are counted, both
+counts are halved, so the rule follows a change of traffic within a few thousand blocks (eight
+8,000-token prompts, ~200 of 300 tokens)."""
+MIN_REUSE = 1 / 16
+"""The share of blocks that must come back for ``auto`` to write blocks on their first sighting:
+a write costs a copy, a read saves most of a compute (module docstring), so writing pays from a
+few percent; 1 in 16 leaves a margin for the blocks those writes evict."""
+ADMIT = ("auto", 1, 2)
 
 
 DIGEST = 32
@@ -138,6 +154,7 @@ class _Block:
     refs: int = 0
     children: int = 0
     live: bool = True  # False once evicted
+    trial: int | None = None  # written on its first sighting, not read since: ``arrived`` then
 
 
 @dataclass(eq=False)
@@ -186,7 +203,7 @@ class PrefixCache:
         dtype: torch.dtype,
         device: torch.device,
         block: int = BLOCK,
-        admit: int = 2,
+        admit: int | str = "auto",
     ) -> None:
         if capacity < block:
             raise ValueError(f"a prefix cache of {capacity} slots holds no block of {block} tokens")
@@ -208,11 +225,14 @@ class PrefixCache:
         self._ids = 0
         # prompt_key -> (its block digests, its cached blocks when last matched, their slots)
         self._recent: OrderedDict[bytes, tuple[_Chain, tuple, torch.Tensor | None]] = OrderedDict()
-        if admit not in (1, 2):
+        admit = admit if admit == "auto" else int(admit) if str(admit) in ("1", "2") else admit
+        if admit not in ADMIT:
             raise ValueError(
-                f"admit is 1 (cache a block when first seen) or 2 (when seen again), not {admit}"
+                f"admit is auto, 1 (cache a block when first seen) or 2 (when seen again), not {admit!r}"
             )
         self.admit = admit
+        self.came_back = self.lost = 0.0  # block outcomes weighed by ``auto`` (REUSE_WINDOW)
+        self.arrived = 0  # blocks written or remembered as seen, ever: the clock of a block's reach
         self._seen: OrderedDict[bytes, None] = OrderedDict()  # digests of blocks seen, not cached
         self.seen_limit = min(SEEN, capacity // block)  # the pool's reach, in blocks
         self._lock = threading.RLock()
@@ -224,7 +244,7 @@ class PrefixCache:
 
     @classmethod
     def for_model(
-        cls, mib: int, config, dtype: torch.dtype, device: torch.device, admit: int = 2
+        cls, mib: int, config, dtype: torch.dtype, device: torch.device, admit: int | str = "auto"
     ) -> PrefixCache | None:
         """A pool of ``mib`` MiB for a model of ``config`` (None for 0 or less than one block)."""
         per = slot_bytes(config.num_layers, config.num_kv_heads, config.head_dim, dtype)
@@ -302,6 +322,8 @@ class PrefixCache:
                 lookup_tokens += len(ids)
                 if blocks:
                     deepest = blocks[-1]
+                    if deepest.trial is not None:
+                        self._read_on_trial(blocks)
                     deepest.refs += 1
                     lease.held.append(deepest)
                     if deepest.id in self._leaves:
@@ -326,12 +348,18 @@ class PrefixCache:
         ``_match`` can read), those admitted, with as many fresh pages as the pool can free."""
         new = []
         wanted = range(start, len(digests))
-        if self.admit > 1:
-            wanted = wanted[: self._seen_before(digests, start)]
+        seen = len(wanted)  # blocks from ``start + seen`` on: on their first sighting
+        if self.admit != 1:
+            first = self.first_sight
+            seen = self._seen_before(digests, start, remember=not first)
+            if not first:
+                wanted = wanted[:seen]
         pages = self._alloc(len(wanted), partial=True)
         for i, page in zip(wanted, pages, strict=False):
             self._ids += 1
-            blk = _Block(digests[i], self._ids, parent, page, refs=1)
+            self.arrived += 1
+            trial = self.arrived if self.admit == "auto" and i >= start + seen else None
+            blk = _Block(digests[i], self._ids, parent, page, refs=1, trial=trial)
             if parent is not None:
                 parent.children += 1
                 self._leaves.pop(parent.id, None)
@@ -342,10 +370,52 @@ class PrefixCache:
         lease.written += new
         return new
 
-    def _seen_before(self, digests: list[bytes], start: int) -> int:
+    @property
+    def first_sight(self) -> bool:
+        """Whether blocks are written on their first sighting: ``admit`` 1, or ``auto`` while at
+        least ``MIN_REUSE`` of the blocks weighed came back (or none were weighed yet: an empty pool
+        evicts nothing to write)."""
+        if self.admit != "auto":
+            return self.admit == 1
+        return self.came_back >= MIN_REUSE * (self.came_back + self.lost)
+
+    def _outcome(self, came_back: int = 0, lost: int = 0) -> None:
+        self.came_back += came_back
+        self.lost += lost
+        if self.came_back + self.lost > REUSE_WINDOW:
+            self.came_back /= 2
+            self.lost /= 2
+        metrics.PREFIX_CACHE_REUSE.set(self.reuse)
+
+    @property
+    def reuse(self) -> float:
+        """The share of the blocks weighed lately that came back (1.0 before any)."""
+        total = self.came_back + self.lost
+        return self.came_back / total if total else 1.0
+
+    def _read_on_trial(self, blocks: tuple[_Block, ...]) -> None:
+        """``blocks`` (a prompt's cached chain) are read: those on trial came back if fewer blocks
+        arrived since they were written (were written or remembered as seen) than the pool holds,
+        as a block remembered as seen must come back before it is forgotten. (A block that lived
+        longer did so because little was written after it, and tells nothing of whether writing
+        pays.) Ancestors of a block read or kept on its second sighting were read, so the blocks on
+        trial are a chain's tail."""
+        reach, came_back, lost = self.capacity // self.block, 0, 0
+        for blk in reversed(blocks):
+            if blk.trial is None:
+                break
+            if self.arrived - blk.trial <= reach:
+                came_back += 1
+            else:
+                lost += 1
+            blk.trial = None
+        self._outcome(came_back, lost)
+
+    def _seen_before(self, digests: list[bytes], start: int, remember: bool = True) -> int:
         """How many of the blocks of ``digests`` from block ``start`` on were seen before, in a
-        row (those are admitted); the rest are remembered as seen now. A block's digest covers
-        its whole chain (the salt and every token up to its end), as its index key does."""
+        row (they came back: those are admitted); ``remember``: the rest are remembered as seen
+        now. A block's digest covers its whole chain (the salt and every token up to its end), as
+        its index key does."""
         admitted = None
         for i in range(start, len(digests)):
             digest = digests[i]
@@ -354,13 +424,20 @@ class PrefixCache:
                 continue
             if admitted is None:
                 admitted = i - start
+                if not remember:
+                    break
             if digest in self._seen:
                 self._seen.move_to_end(digest)
             else:
                 self._seen[digest] = None
-        while len(self._seen) > self.seen_limit:
+                self.arrived += 1
+        forgotten = max(0, len(self._seen) - self.seen_limit)
+        for _ in range(forgotten):
             self._seen.popitem(last=False)
-        return len(digests) - start if admitted is None else admitted
+        admitted = len(digests) - start if admitted is None else admitted
+        if self.admit == "auto" and (admitted or forgotten):
+            self._outcome(came_back=admitted, lost=forgotten)
+        return admitted
 
     def end(self, lease: Lease, keep_written: bool) -> None:
         with self._lock:
@@ -381,6 +458,7 @@ class PrefixCache:
         with self._lock:
             self.stats = dict.fromkeys(self.stats, 0)
             self._seen.clear()
+            self.came_back = self.lost = 0.0
             for blk in sorted(self._index.values(), key=lambda b: -b.id):  # children before parents
                 if blk.refs == 0 and blk.children == 0:
                     self._evict(blk, count=False)
@@ -429,6 +507,8 @@ class PrefixCache:
         if count:
             self.stats["evictions"] += 1
             metrics.PREFIX_CACHE_EVICTIONS.inc()
+            if blk.trial is not None:  # written on its first sighting, never read
+                self._outcome(lost=1)
 
     def _report(self) -> None:
         metrics.PREFIX_CACHE_BYTES.labels(kind="used").set(len(self._index) * self.block * self.slot_bytes)

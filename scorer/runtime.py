@@ -47,7 +47,7 @@ def build_engine(
     kernels: str = "auto",
     cuda_graph_max_tokens: int = 16384,
     prefix_cache_mib: int | str = 0,
-    prefix_cache_admit: int = 2,
+    prefix_cache_admit: int | str = "auto",
     quantization: str = "none",
 ) -> Engine:
     """fp32 on CPU, bf16 on GPU unless ``dtype`` says otherwise; no ``model_dir``: the tiny default.
@@ -72,6 +72,6 @@ def build_engine(
     cache = PrefixCache.for_model(mib, mc, dtype, dev, admit=prefix_cache_admit)
     if cache is not None:
         log.info(
-            "prefix cache: %d MiB, %d tokens, blocks kept on sighting %d", mib, cache.capacity, cache.admit
+            "prefix cache: %d MiB, %d tokens, blocks kept on sighting %s", mib, cache.capacity, cache.admit
         )
     return Engine(runner, tokenizer, config, model_name=path.name, cache=cache, model_dir=str(path))

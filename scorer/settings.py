@@ -128,6 +128,10 @@ def _auto_or_count(unit: str = "", most: int | None = None):
     return check
 
 
+def _admission(v):
+    return None if str(v) in ("auto", "1", "2") else "is not auto, 1 or 2"
+
+
 def _auto_policy(v):
     from .planning.choose import AUTO_POLICIES  # beside the schemes, so checked after parsing
 
@@ -262,12 +266,14 @@ class Settings:
         metavar="MIB|auto",
         check=_auto_or_count("MiB"),
     )
-    prefix_cache_admit: int = setting(
-        2,
-        "sightings of a prompt's block before the prefix cache keeps it: 2 (a prompt seen once, a"
-        " unique query, costs nothing: it runs off the cache) or 1 (every prompt is written to the"
-        " pool, worth it where nearly every prompt repeats)",
-        choices=(1, 2),
+    prefix_cache_admit: str | int = setting(
+        "auto",
+        "when the prefix cache writes a prompt's block to its pool: 1 (on its first sighting: the"
+        " second call of a prompt reads it), 2 (on its second: a prompt seen once, a unique query,"
+        " costs nothing and runs off the cache, but each repeated prompt is computed twice) or auto"
+        " (1 while at least 1/16 of the blocks written or seen lately came back, else 2)",
+        metavar="auto|1|2",
+        check=_admission,
     )
     prefix_cache_min_read: str | int = setting(
         "auto",

@@ -13,7 +13,15 @@ from hypothesis import strategies as st
 from scorer import metrics
 from scorer.engine import Engine, EngineConfig
 from scorer.planning import REGISTRY
-from scorer.prefix_cache import BLOCK, RECENT, SPARE_SLOTS, PrefixCache, block_digests, prompt_key
+from scorer.prefix_cache import (
+    BLOCK,
+    MIN_REUSE,
+    RECENT,
+    SPARE_SLOTS,
+    PrefixCache,
+    block_digests,
+    prompt_key,
+)
 from scorer.request import Doc, ScoreOptions, ScoreRequest
 from scorer.runtime import build_engine
 from scorer.token_ids import TokenIds
@@ -282,10 +290,87 @@ def test_a_hint_from_a_peek_holds_when_its_prompt_has_left_the_recent_ones():
     assert cache.peek(prompt)[0] == 10 * BLOCK
 
 
-def test_admit_is_one_or_two(off):
+def test_admit_is_auto_one_or_two(off):
     mc = off.runner.model.config
-    with pytest.raises(ValueError, match="admit"):
+    with pytest.raises(ValueError, match="admit is auto, 1"):
         PrefixCache(400, mc.num_layers, mc.num_kv_heads, mc.head_dim, torch.float32, off.device, admit=3)
+    for admit, want in (("auto", "auto"), ("1", 1), (2, 2)):
+        cache = PrefixCache(400, 1, 1, 8, torch.float32, torch.device("cpu"), admit=admit)
+        assert cache.admit == want
+
+
+def replay(cache: PrefixCache, prompts) -> tuple[int, int]:
+    """Prompt tokens read from and written to ``cache`` by ``prompts``, one call a batch."""
+    hit = written = 0
+    for p in prompts:
+        hits, lease = cache.reserve([(TokenIds(p), "", ())])
+        hit += hits[0].num_cached
+        written += len(lease.written) * BLOCK
+        lease.release()
+    return hit, written
+
+
+def test_auto_admission_writes_a_repeated_prompt_on_its_first_sighting():
+    """Each prompt reused by 10 calls in a row (the long repeated prompt's traffic): ``auto``
+    writes a prompt's blocks on their first sighting, as admit=1 does, so 9 of each 10 calls read
+    it; admit=2 reads it in 8."""
+    rng = random.Random(1)
+    prompts = [[rng.randrange(VOCAB) for _ in range(10 * BLOCK + 1)] for _ in range(40)]
+    calls = [p for p in prompts for _ in range(10)]
+    got = {}
+    for admit in ("auto", 1, 2):
+        cache = PrefixCache(64 * BLOCK, 1, 1, 8, torch.float32, torch.device("cpu"), admit=admit)
+        got[admit] = replay(cache, calls)
+        assert cache.stats["evictions"] > 0  # 400 blocks through a pool of 64
+    assert got["auto"] == got[1] == (40 * 9 * 10 * BLOCK, 40 * 10 * BLOCK)
+    assert got[2] == (40 * 8 * 10 * BLOCK, 40 * 10 * BLOCK)
+
+
+def test_auto_admission_stops_writing_what_does_not_come_back():
+    """Unique prompts on a shared head (A's traffic) and a set larger than the pool, cycled:
+    ``auto`` writes on first sighting until the pool is full and the blocks it writes are evicted
+    unread; then it writes nothing (as admit=2), while admit=1 writes every call. The cycled set
+    keeps what the pool held when writing stopped: its blocks that come back are read (admit=2
+    never wrote them). Blocks read only after more blocks than the pool holds arrived count as not
+    come back: they lived because nothing was written."""
+    rng = random.Random(2)
+    head = [rng.randrange(VOCAB) for _ in range(3 * BLOCK)]
+    unique = [head + [rng.randrange(VOCAB) for _ in range(16 * BLOCK + 1)] for _ in range(600)]
+    cycled = [[rng.randrange(VOCAB) for _ in range(5 * BLOCK + 1)] for _ in range(30)]  # 150 blocks
+    for admit in ("auto", 1, 2):
+        a = PrefixCache(64 * BLOCK, 1, 1, 8, torch.float32, torch.device("cpu"), admit=admit)
+        replay(a, unique[:300])
+        hit, written = replay(a, unique[300:])
+        assert hit == 300 * 3 * BLOCK  # the head
+        assert written == (300 * 16 * BLOCK if admit == 1 else 0)
+        b = PrefixCache(64 * BLOCK, 1, 1, 8, torch.float32, torch.device("cpu"), admit=admit)
+        for _ in range(20):
+            replay(b, cycled)
+        hit, written = replay(b, cycled)
+        assert written == (150 * BLOCK if admit == 1 else 0)
+        assert hit == {"auto": 64 * BLOCK, 1: 0, 2: 0}[admit]
+        if admit == "auto":
+            assert not a.first_sight and not b.first_sight and a.reuse < MIN_REUSE and b.reuse < MIN_REUSE
+
+
+def test_auto_admission_follows_the_traffic_back_to_first_sightings():
+    """After unique traffic has turned first-sighting writes off, prompts that repeat again come
+    back on their second sighting (the seen ones), and within ``REUSE_WINDOW`` blocks ``auto``
+    writes on first sighting again; ``clear`` starts it over."""
+    rng = random.Random(3)
+    cache = PrefixCache(64 * BLOCK, 1, 1, 8, torch.float32, torch.device("cpu"))
+    replay(cache, [[rng.randrange(VOCAB) for _ in range(8 * BLOCK + 1)] for _ in range(100)])
+    assert not cache.first_sight
+    repeated = [[rng.randrange(VOCAB) for _ in range(8 * BLOCK + 1)] for _ in range(60)]
+    flips = []
+    for p in repeated:
+        before = cache.first_sight
+        replay(cache, [p] * 5)
+        flips.append(before)
+    assert not flips[0] and flips[-1]
+    assert cache.reuse > MIN_REUSE
+    cache.clear()
+    assert cache.first_sight and cache.reuse == 1.0
 
 
 def test_a_new_query_on_the_same_template_reuses_the_template_head(off):

@@ -4,12 +4,13 @@ GEMMs, SiLU-and-mul writing the down GEMM's input in FP8, and a plain per-row qu
 attention output, for the output projection).
 
 ``quantize_rows`` is the definition, in torch: each row's absmax in fp32, ``scale = absmax / 448``
-(a row of zeros gets ``MIN_AMAX``'s), ``q = x / scale`` in fp32 rounded to e4m3. The kernels compute
-their bf16 result as the unfused kernels would (fp32, rounded once to the activations' dtype), then
-quantize that row exactly as ``quantize_rows`` does (the scale a product with ``INV_FP8_MAX``, the
-values an IEEE division, ``div_rn``; round to nearest even): on the same bf16 row they give the same
-bits, so the CPU reference (``quant.py``) sees the FP8 values the GPU multiplies. A row is whole in
-one program's registers (rows of up to ``MAX_WIDTH`` values; wider ones go to the torch path).
+(a row of zeros gets ``MIN_AMAX``'s), ``q = x * (1 / scale)`` in fp32 rounded to e4m3. The kernels
+compute their bf16 result as the unfused kernels would (fp32, rounded once to the activations'
+dtype), then quantize that row exactly as ``quantize_rows`` does (the scale a product with
+``INV_FP8_MAX``, its reciprocal an IEEE division, ``div_rn``, each value a product with that;
+round to nearest even): on the same bf16 row they give the same bits, so the CPU reference
+(``quant.py``) sees the FP8 values the GPU multiplies. A row is whole in one program's registers
+(rows of up to ``MAX_WIDTH`` values; wider ones go to the torch path).
 
 Without them each quantization is five eager kernels (absmax, clamp, two divisions, the cast) that
 read the bf16 row twice; with them the norm and SiLU-and-mul kernels, which the bf16 path runs
@@ -58,9 +59,11 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     CPU and the GPU give the same bits for the same ``x``."""
     amax = torch.linalg.vector_norm(x, float("inf"), dim=-1, keepdim=True, dtype=torch.float32)
     scale = amax.clamp(min=MIN_AMAX) * INV_FP8_MAX
-    # bf16 / fp32 divides in fp32 (one temporary). No clamp: the row's largest lands within a few
-    # ulps of 448, which rounds to 448 (a value would need 464 to round past it)
-    q = (x / scale).to(FP8)
+    # bf16 * fp32 multiplies in fp32 (one temporary), by the scale's reciprocal: one IEEE division a
+    # row, not a value (the kernels' per-value division took 25% longer on an H100,
+    # bench/RESULTS.md). No clamp: the row's largest lands within a few ulps of 448, which rounds to
+    # 448 (a value would need 464 to round past it)
+    q = (x * (1.0 / scale)).to(FP8)
     return q, scale
 
 
@@ -178,6 +181,6 @@ if triton is not None:
             y = (x32 * rstd[:, None] * w[None, :]).to(dtype).to(tl.float32)
         amax = tl.max(tl.abs(y), axis=1)
         scale = tl.maximum(amax, MIN_AMAX) * INV_FP8_MAX
-        q = tl.div_rn(y, scale[:, None]).to(q_ptr.dtype.element_ty)
+        q = (y * tl.div_rn(1.0, scale)[:, None]).to(q_ptr.dtype.element_ty)
         tl.store(q_ptr + r64 * N + cols[None, :], q, mask=ok)
         tl.store(s_ptr + rows, scale, mask=row_ok)

@@ -6,7 +6,8 @@
 #       docs of 4 ids, each prompt reused by 10 calls in a row) through the load tool against scorer
 #       serve (defaults) with the cache and without (--prefix-cache-mib 0), rates swept past
 #       saturation; $OUT/drepeat_summary.json: docs/s at the best rate with p99 <= 100 ms, both
-#       configurations, and their ratio; CACHE_ARGS: more flags for the cached server   (~4 min)
+#       configurations, and their ratio; CACHE_ARGS: more flags for the cached server; CONFIGS="cache admit2
+#       nocache" adds a cached server with --prefix-cache-admit 2 (drepeat_admit2_summary.json)   (~4 min)
 #   bash scripts/gpu/prefix_cache.sh states   the serving engine's docs/s on batches of 3 and 11 E
 #       calls by what the cache does with their prompts (off, new, insert, hit; cache_probe.py) (~2 min)
 #   bash scripts/gpu/prefix_cache.sh hits     small A and A-text batches: a hit read against its prompt
@@ -25,9 +26,10 @@ served)
   # bench/host_path.py's LONG_GEN: the workload the CPU's host-path benchmarks run
   python3 -m loadtest.gen --out /tmp/drep.jsonl --requests 1000 --docs 32 --prompt-tokens 8000 \
     --doc-tokens fixed:4 --token-ids --prompt-reuse 10 --template plain --seed 3
-  for cfg in cache nocache; do
+  for cfg in ${CONFIGS:-cache nocache}; do
     read -ra extra <<< "${CACHE_ARGS:-}"  # e.g. CACHE_ARGS="--prefix-cache-admit 1"
     rates="${CACHE_RATES:-60,100,140,180,220,250,300}"
+    [ "$cfg" = admit2 ] && extra=(--prefix-cache-admit 2)
     [ "$cfg" = nocache ] && extra=(--prefix-cache-mib 0) && rates="${NOCACHE_RATES:-15,20,25,30,35,40}"
     taskset -c 4-15 python3 -m scorer serve --model "$CKPT" --port 50051 --metrics-port 9464 "${extra[@]}" \
       >"$OUT/server-$cfg.log" 2>&1 &
@@ -42,6 +44,8 @@ served)
     wait $pid
   done
   python3 scripts/gpu/served_summary.py "$OUT/drepeat-cache" "$OUT/drepeat-nocache" "$OUT/drepeat_summary.json"
+  [ -d "$OUT/drepeat-admit2" ] && python3 scripts/gpu/served_summary.py "$OUT/drepeat-admit2" "$OUT/drepeat-nocache" \
+    "$OUT/drepeat_admit2_summary.json"
   (cd "$OUT" && tar czf drepeat.tgz drepeat-*/ && rm -r drepeat-*/)
   ;;
 states)

@@ -39,8 +39,8 @@ def test_scaled_mm_is_the_cpu_reference_on_the_same_fp8_values(rows):
     x = (torch.randn(rows, 512, generator=g) * 3).to(BF16)
     qx, sx = quantize_rows(x.cuda())
     cq, cs = quantize_rows(x)
-    assert torch.equal(sx.cpu(), cs)  # the same absmax, the same division
-    # x / scale rounds to FP8 on either side of a tie by device (measured on an H100: rows of 37 of
+    assert torch.equal(sx.cpu(), cs)  # the same absmax, the same product
+    # x * (1 / scale) rounds to FP8 on either side of a tie by device (measured on an H100: rows of 37 of
     # 512 values differ in a few elements): at most one FP8 step apart, and rarely
     gq, cq32 = qx.cpu().float(), cq.float()
     assert ((gq - cq32).abs() <= cq32.abs() * 2**-3 + 2**-9).all()
