@@ -33,9 +33,9 @@ def test_host_path_times_the_long_repeated_prompt_stage_by_stage(tmp_path, monke
     for r in records:
         assert set(r["ms"]) == set(host_path.LONG_STAGES) and all(v > 0 for v in r["ms"].values())
         assert r["label"] == "this tree" and r["ms_per_1k_prompt_ids"] is not None
-    # per prompt, 8 of its 10 calls read all of it but its last block (the first is seen, the second writes)
-    assert records[1]["cache_hit_share"] == pytest.approx(8 * (8000 - 16) / (10 * 8000))
-    assert records[0]["cache_hit_share"] == pytest.approx(8 * (500 - 4) / (10 * 500))  # 496: 31 whole blocks
+    # per prompt, 9 of its 10 calls read all of it but its last block (the first writes it: admit auto)
+    assert records[1]["cache_hit_share"] == pytest.approx(9 * (8000 - 16) / (10 * 8000))
+    assert records[0]["cache_hit_share"] == pytest.approx(9 * (500 - 4) / (10 * 500))  # 496: 31 whole blocks
     out = capsys.readouterr().out
     assert "| this tree | 8000 |" in out and "per 1,000 prompt ids (500 -> 8000)" in out
 
@@ -48,7 +48,7 @@ def test_the_host_only_engine_answers_every_call_from_the_prefix_cache_s_plan(tm
     from scorer.runtime import build_engine
 
     monkeypatch.setenv("SCORER_CACHE_DIR", str(tmp_path))
-    engine = build_engine(attention_backend="torch", prefix_cache_mib=4)
+    engine = build_engine(attention_backend="torch", prefix_cache_mib=4, prefix_cache_admit=2)
     engine.__class__ = HostOnlyEngine
     forward = engine.runner.forward
     engine.runner.forward = None  # never called

@@ -32,7 +32,10 @@ from scorer.settings import Settings
 
 ckpt, out = sys.argv[1:3]
 batches = int(sys.argv[3]) if len(sys.argv) > 3 else 30
-engine = ready_engine(Settings(model=ckpt or None, prefix_cache_mib=os.environ.get("CACHE_MIB", "auto")))
+# admit 2: the states below are those of a prompt's first, second and later sightings under it
+engine = ready_engine(
+    Settings(model=ckpt or None, prefix_cache_mib=os.environ.get("CACHE_MIB", "auto"), prefix_cache_admit=2)
+)
 vocab = engine.runner.model.config.vocab_size
 rng = random.Random(1)
 PROMPT, DOCS, DOC = 200, 20, 60

@@ -28,7 +28,7 @@ from scorer.settings import Settings
 
 ckpt, out, *files = sys.argv[1:]
 groups = int(os.environ.get("HIT_GROUPS", "25"))
-engine = ready_engine(Settings(model=ckpt or None))
+engine = ready_engine(Settings(model=ckpt or None, prefix_cache_admit=2))  # the sightings below are admit 2's
 assert engine.cache is not None, "the prefix cache is off in this engine's settings"
 MODES = ("off", "first", "write", "hit", "rule")
 RULE = engine.min_cache_read  # the serving default; the other modes read every hit
