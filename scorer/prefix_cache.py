@@ -385,7 +385,6 @@ class PrefixCache:
         if self.came_back + self.lost > REUSE_WINDOW:
             self.came_back /= 2
             self.lost /= 2
-        metrics.PREFIX_CACHE_REUSE.set(self.reuse)
 
     @property
     def reuse(self) -> float:
@@ -512,6 +511,8 @@ class PrefixCache:
 
     def _report(self) -> None:
         metrics.PREFIX_CACHE_BYTES.labels(kind="used").set(len(self._index) * self.block * self.slot_bytes)
+        if self.admit == "auto":
+            metrics.PREFIX_CACHE_REUSE.set(self.reuse)
 
     @property
     def cached_blocks(self) -> int:

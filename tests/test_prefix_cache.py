@@ -369,6 +369,7 @@ def test_auto_admission_follows_the_traffic_back_to_first_sightings():
         flips.append(before)
     assert not flips[0] and flips[-1]
     assert cache.reuse > MIN_REUSE
+    assert metrics.REGISTRY.get_sample_value("scorer_prefix_cache_reuse") == cache.reuse
     cache.clear()
     assert cache.first_sight and cache.reuse == 1.0
 
