@@ -29,8 +29,10 @@ cycled, is forgotten before it returns (without this rule the served sweeps' 4,0
 and evicted on every call, and hit 1-9% of their tokens). ``auto`` (the default) picks between
 the two by what came back lately: each block written on its first sighting is on trial until it
 is read (it came back) or evicted unread (it did not); each block remembered as seen comes back on
-its second sighting or is forgotten. Over the last ``REUSE_WINDOW`` such outcomes, if at least
-``MIN_REUSE`` of the blocks came back, blocks are written on first sight; else on the second.
+its second sighting or is forgotten. Over about the last pool's worth of such outcomes (``seen_limit``
+blocks: past that, both counts are halved), if at least ``MIN_REUSE`` of the blocks came back,
+blocks are written on first sight; else on the second. (``python -m bench.admission`` replays
+traffic shapes under each rule.)
 Writing costs a copy of the block's rows (~2% of a batch that writes every prompt, against one
 that writes none, bench/RESULTS.md) and a read saves most of the block's compute, so the write
 pays where more than a few percent come back. A call that neither reads nor writes the pool plans
@@ -62,10 +64,6 @@ matched with one lookup (hashing its ids once) instead of one per block."""
 SEEN = 1 << 16
 """Block chains remembered as seen-but-not-cached, for admission on a later sighting, at most
 (fewer where the pool holds fewer blocks)."""
-REUSE_WINDOW = 4096
-"""Block outcomes (came back or not) that ``auto`` admission weighs: when more are counted, both
-counts are halved, so the rule follows a change of traffic within a few thousand blocks (eight
-8,000-token prompts, ~200 of 300 tokens)."""
 MIN_REUSE = 1 / 16
 """The share of blocks that must come back for ``auto`` to write blocks on their first sighting:
 a write costs a copy, a read saves most of a compute (module docstring), so writing pays from a
@@ -231,7 +229,7 @@ class PrefixCache:
                 f"admit is auto, 1 (cache a block when first seen) or 2 (when seen again), not {admit!r}"
             )
         self.admit = admit
-        self.came_back = self.lost = 0.0  # block outcomes weighed by ``auto`` (REUSE_WINDOW)
+        self.came_back = self.lost = 0.0  # block outcomes weighed by ``auto``, halved past seen_limit
         self.arrived = 0  # blocks written or remembered as seen, ever: the clock of a block's reach
         self._seen: OrderedDict[bytes, None] = OrderedDict()  # digests of blocks seen, not cached
         self.seen_limit = min(SEEN, capacity // block)  # the pool's reach, in blocks
@@ -382,7 +380,7 @@ class PrefixCache:
     def _outcome(self, came_back: int = 0, lost: int = 0) -> None:
         self.came_back += came_back
         self.lost += lost
-        if self.came_back + self.lost > REUSE_WINDOW:
+        if self.came_back + self.lost > self.seen_limit:
             self.came_back /= 2
             self.lost /= 2
 

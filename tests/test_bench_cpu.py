@@ -22,6 +22,22 @@ def test_host_path_reports_every_stage(tmp_path, capsys) -> None:
     assert torch.get_num_threads() == threads  # the one-thread plan put torch's threads back
 
 
+def test_admission_replays_each_shape_under_each_rule(tmp_path, capsys) -> None:
+    """bench.admission on a small pool: auto reads repeat10's prompts as admit 1 does (9 calls in
+    10 against admit 2's 8), and writes a fraction of what admit 1 writes of unique prompts."""
+    from bench import admission
+
+    result = admission.main(["--pool-blocks", "2048", "--scale", "0.1", "--out", str(tmp_path)])
+    got = {(r["shape"], r["admit"]): r for r in result["rows"]}
+    assert len(got) == len(admission.SHAPES) * 3
+    assert got["repeat10", "auto"]["read_share"] == got["repeat10", "1"]["read_share"] > 0.89
+    assert 0.79 < got["repeat10", "2"]["read_share"] < 0.8
+    assert got["unique", "auto"]["written_share"] < got["unique", "1"]["written_share"] / 4
+    assert got["unique", "auto"]["read_share"] >= got["unique", "2"]["read_share"] > 0.15  # the head
+    assert not got["unique", "auto"]["first_sight_at_end"]
+    assert "| repeat10 | 100 | auto |" in capsys.readouterr().out
+
+
 def test_host_path_times_the_long_repeated_prompt_stage_by_stage(tmp_path, monkeypatch, capsys) -> None:
     import tempfile
 
@@ -185,7 +201,7 @@ def test_full_batches_drop_the_runt_a_saturated_batcher_never_forms():
 
 
 BENCHMARKS = [
-    "attention_layouts", "cost_fit", "cpu_schemes", "e2e", "fp8", "fp8_quant", "host_path", "host_served",
+    "admission", "attention_layouts", "cost_fit", "cpu_schemes", "e2e", "fp8", "fp8_quant", "host_path", "host_served",
     "kernel_profile", "kernels", "light_load", "plan_on_cache", "qk_norm_rope", "report", "rms_norm",
     "throughput", "triton_gemm",
 ]  # fmt: skip

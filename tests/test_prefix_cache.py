@@ -355,7 +355,7 @@ def test_auto_admission_stops_writing_what_does_not_come_back():
 
 def test_auto_admission_follows_the_traffic_back_to_first_sightings():
     """After unique traffic has turned first-sighting writes off, prompts that repeat again come
-    back on their second sighting (the seen ones), and within ``REUSE_WINDOW`` blocks ``auto``
+    back on their second sighting (the seen ones), and within a pool's worth of blocks ``auto``
     writes on first sighting again; ``clear`` starts it over."""
     rng = random.Random(3)
     cache = PrefixCache(64 * BLOCK, 1, 1, 8, torch.float32, torch.device("cpu"))
