@@ -223,7 +223,7 @@ class PrefixCache:
         self._ids = 0
         # prompt_key -> (its block digests, its cached blocks when last matched, their slots)
         self._recent: OrderedDict[bytes, tuple[_Chain, tuple, torch.Tensor | None]] = OrderedDict()
-        admit = admit if admit == "auto" else int(admit) if str(admit) in ("1", "2") else admit
+        admit = int(admit) if str(admit) in ("1", "2") else admit  # a flag's string too
         if admit not in ADMIT:
             raise ValueError(
                 f"admit is auto, 1 (cache a block when first seen) or 2 (when seen again), not {admit!r}"
