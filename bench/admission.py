@@ -3,8 +3,9 @@
 Replays calls' prompts through the cache's index alone (``PrefixCache.reserve`` and ``release``,
 one call a batch; a pool of ``--pool-blocks`` blocks of 16 tokens, no model) under
 ``--prefix-cache-admit`` 2, 1 and auto, and reports per traffic shape and rule the share of prompt
-tokens read from the cache, the share written to it, and auto's rule at the end (the share of
-blocks that came back, and whether it writes on first sighting). Shapes (random ids, seeded):
+tokens read from the cache, the share written to it, the share of blocks that came back (what
+auto weighs, under every rule) and whether auto writes on first sighting at the end. Shapes
+(random ids, seeded):
 
   repeat10   8,000-token prompts, each used by 10 calls in a row (the served long repeated prompt)
   unique     300-token prompts on a shared 48-token template head, 4,000 of them cycled three
@@ -76,7 +77,7 @@ def replay(cache: PrefixCache, prompts: list[list[int]]) -> dict:
         "read_share": round(read / looked, 4),
         "written_share": round(written / looked, 4),
         "evicted_blocks": cache.stats["evictions"],
-        "reuse": round(cache.reuse, 4) if cache.admit == "auto" else None,
+        "reuse": round(cache.reuse, 4),
         "first_sight_at_end": cache.first_sight,
     }
 
@@ -92,17 +93,21 @@ def main(argv: list[str] | None = None) -> dict:
     for shape in a.shapes.split(","):
         prompts = traffic(shape, a.scale)
         for admit in ADMITS:
-            cache = PrefixCache(a.pool_blocks * BLOCK, 1, 1, 8, torch.float32, torch.device("cpu"), admit=admit)
+            cpu = torch.device("cpu")
+            cache = PrefixCache(a.pool_blocks * BLOCK, 1, 1, 8, torch.float32, cpu, admit=admit)
             rows.append({"shape": shape, "admit": str(admit), **replay(cache, prompts)})
     print(f"pool of {a.pool_blocks} blocks ({a.pool_blocks * BLOCK} tokens)\n")
-    print("| traffic | calls | admit | prompt read | prompt written | blocks evicted | auto: came back | auto: first sighting at end |")
+    print(
+        "| traffic | calls | admit | prompt read | prompt written | blocks evicted | came back"
+        " | auto: first sighting at end |"
+    )
     print("|---|---:|---|---:|---:|---:|---:|---|")
     for r in rows:
-        reuse = "" if r["reuse"] is None else f"{r['reuse']:.3f}"
-        first = "" if r["reuse"] is None else ("yes" if r["first_sight_at_end"] else "no")
+        reuse = f"{r['reuse']:.3f}"
+        first = ("yes" if r["first_sight_at_end"] else "no") if r["admit"] == "auto" else ""
         print(
-            f"| {r['shape']} | {r['calls']} | {r['admit']} | {r['read_share']:.1%} | {r['written_share']:.1%} "
-            f"| {r['evicted_blocks']} | {reuse} | {first} |"
+            f"| {r['shape']} | {r['calls']} | {r['admit']} | {r['read_share']:.1%} "
+            f"| {r['written_share']:.1%} | {r['evicted_blocks']} | {reuse} | {first} |"
         )
     result = {"pool_blocks": a.pool_blocks, "scale": a.scale, "rows": rows}
     a.out.mkdir(parents=True, exist_ok=True)

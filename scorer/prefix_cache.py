@@ -346,7 +346,7 @@ class PrefixCache:
         ``_match`` can read), those admitted, with as many fresh pages as the pool can free."""
         new = []
         wanted = range(start, len(digests))
-        seen = len(wanted)  # blocks from ``start + seen`` on: on their first sighting
+        seen = 0  # blocks from ``start + seen`` on: on their first sighting
         if self.admit != 1:
             first = self.first_sight
             seen = self._seen_before(digests, start, remember=not first)
@@ -356,7 +356,7 @@ class PrefixCache:
         for i, page in zip(wanted, pages, strict=False):
             self._ids += 1
             self.arrived += 1
-            trial = self.arrived if self.admit == "auto" and i >= start + seen else None
+            trial = self.arrived if i >= start + seen else None
             blk = _Block(digests[i], self._ids, parent, page, refs=1, trial=trial)
             if parent is not None:
                 parent.children += 1
@@ -432,7 +432,7 @@ class PrefixCache:
         for _ in range(forgotten):
             self._seen.popitem(last=False)
         admitted = len(digests) - start if admitted is None else admitted
-        if self.admit == "auto" and (admitted or forgotten):
+        if admitted or forgotten:
             self._outcome(came_back=admitted, lost=forgotten)
         return admitted
 
@@ -509,8 +509,7 @@ class PrefixCache:
 
     def _report(self) -> None:
         metrics.PREFIX_CACHE_BYTES.labels(kind="used").set(len(self._index) * self.block * self.slot_bytes)
-        if self.admit == "auto":
-            metrics.PREFIX_CACHE_REUSE.set(self.reuse)
+        metrics.PREFIX_CACHE_REUSE.set(self.reuse)
 
     @property
     def cached_blocks(self) -> int:

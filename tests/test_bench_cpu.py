@@ -201,9 +201,9 @@ def test_full_batches_drop_the_runt_a_saturated_batcher_never_forms():
 
 
 BENCHMARKS = [
-    "admission", "attention_layouts", "cost_fit", "cpu_schemes", "e2e", "fp8", "fp8_quant", "host_path", "host_served",
-    "kernel_profile", "kernels", "light_load", "plan_on_cache", "qk_norm_rope", "report", "rms_norm",
-    "throughput", "triton_gemm",
+    "admission", "attention_layouts", "cost_fit", "cpu_schemes", "e2e", "fp8", "fp8_quant", "host_path",
+    "host_served", "kernel_profile", "kernels", "light_load", "plan_on_cache", "qk_norm_rope", "report",
+    "rms_norm", "throughput", "triton_gemm",
 ]  # fmt: skip
 
 
