@@ -52,7 +52,7 @@ def build_engine(
 ) -> Engine:
     """fp32 on CPU, bf16 on GPU unless ``dtype`` says otherwise; no ``model_dir``: the tiny default.
     ``prefix_cache_mib``: the prefix cache's pool (0: none; ``auto``: see ``prefix_cache.auto_mib``);
-    ``prefix_cache_admit``: the sightings before it keeps a prompt block (see ``prefix_cache``);
+    ``prefix_cache_admit``: when it keeps a prompt block, auto, 1 or 2 sightings (see ``prefix_cache``);
     ``quantization``: ``fp8`` runs the decoder's linears in FP8 (``models/quant.py``).
     Raises BackendUnavailable when ``attention_backend`` cannot run the model (see make_backend)."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -72,6 +72,6 @@ def build_engine(
     cache = PrefixCache.for_model(mib, mc, dtype, dev, admit=prefix_cache_admit)
     if cache is not None:
         log.info(
-            "prefix cache: %d MiB, %d tokens, blocks kept on sighting %s", mib, cache.capacity, cache.admit
+            "prefix cache: %d MiB, %d tokens, admission %s", mib, cache.capacity, cache.admit
         )
     return Engine(runner, tokenizer, config, model_name=path.name, cache=cache, model_dir=str(path))
