@@ -19,6 +19,12 @@ ERRORS = "scorer_errors_total"  # labels api, code
 DOCS = "scorer_docs_scored_total"  # label scheme
 REJECTED = "scorer_requests_rejected_total"
 INFLIGHT = "scorer_inflight_requests"
+STAGE = "scorer_stage_duration_seconds"  # label stage: queue, tokenize, forward (a call's batch's)
+BATCH_CALLS = "scorer_batch_requests"
+BATCH_TOKENS = "scorer_batch_tokens"
+SUMS = {f"{STAGE}_sum", f"{STAGE}_count", f"{BATCH_CALLS}_sum", f"{BATCH_CALLS}_count", f"{BATCH_TOKENS}_sum"}
+"""Histogram sums and counts kept by ``stage`` (or the metric alone): where a call's time went on the
+server, and the batches it ran in."""
 
 
 @dataclass
@@ -29,6 +35,7 @@ class ServerCounts:
     docs_by_scheme: dict[str, float] = field(default_factory=dict)
     rejected: float = 0.0
     inflight: float = 0.0
+    sums: dict[str, float] = field(default_factory=dict)  # SUMS' samples, "name" or "name:stage"
 
     @property
     def requests(self) -> float:
@@ -49,7 +56,23 @@ class ServerCounts:
             sub(self.docs_by_scheme, before.docs_by_scheme),
             self.rejected - before.rejected,
             self.inflight,
+            {k: v - before.sums.get(k, 0.0) for k, v in self.sums.items()},
         )
+
+    def stages(self) -> dict:
+        """Mean ms a call spent in each server stage, and the batches' mean calls and tokens (of what
+        the server counted; empty where it exports none of them)."""
+        out: dict = {}
+        for key, total in self.sums.items():
+            name, _, stage = key.partition(":")
+            if name == f"{STAGE}_sum" and self.sums.get(f"{STAGE}_count:{stage}"):
+                out[f"{stage}_ms_mean"] = round(1e3 * total / self.sums[f"{STAGE}_count:{stage}"], 2)
+        batches = self.sums.get(f"{BATCH_CALLS}_count", 0.0)
+        if batches:
+            out["batches"] = batches
+            out["batch_calls_mean"] = round(self.sums.get(f"{BATCH_CALLS}_sum", 0.0) / batches, 2)
+            out["batch_tokens_mean"] = round(self.sums.get(f"{BATCH_TOKENS}_sum", 0.0) / batches, 1)
+        return out
 
 
 def parse(text: str, api: str | None = None) -> ServerCounts:
@@ -71,6 +94,9 @@ def parse(text: str, api: str | None = None) -> ServerCounts:
                 out.rejected += s.value
             elif s.name == INFLIGHT:
                 out.inflight += s.value
+            elif s.name in SUMS:
+                key = f"{s.name}:{s.labels['stage']}" if "stage" in s.labels else s.name
+                out.sums[key] = out.sums.get(key, 0.0) + s.value
     out.requests_by_code, out.requests_by_scheme = dict(acc["code"]), dict(acc["scheme"])
     out.errors_by_code, out.docs_by_scheme = dict(acc["errors"]), dict(acc["docs"])
     return out
@@ -150,4 +176,5 @@ def reconcile(client: dict, server: ServerCounts, api: str | None = None) -> dic
         "server_requests_by_scheme": server.requests_by_scheme,
         "server_docs_by_scheme": server.docs_by_scheme,
         "server_rejected": server.rejected,
+        "server_stages": server.stages(),
     }

@@ -217,6 +217,16 @@ def _server_md(rec: dict) -> list[str]:
     ]
     for name, row in rec["rows"].items():
         lines.append(f"| {name} | {row['client']:g} | {row['server']:g} | {row['diff']:+g} |")
+    st = rec.get("server_stages") or {}
+    if st:
+        each = ", ".join(f"{k[: -len('_ms_mean')]} {v:g}" for k, v in st.items() if k.endswith("_ms_mean"))
+        batches = (
+            f"; {st['batches']:g} batches of {st['batch_calls_mean']:g} calls and {st['batch_tokens_mean']:g}"
+            " tokens on average"
+            if "batches" in st
+            else ""
+        )
+        lines += ["", f"On the server, a call's mean ms by stage (every front end's calls): {each}{batches}."]
     return lines
 
 

@@ -242,6 +242,10 @@ def _print_line(r: dict) -> None:
     if "server" in r:
         verdict = r["server"]["verdict"]
         server = "  /metrics " + (verdict if verdict != "do not match" else "DO NOT MATCH")
+        st = r["server"].get("server_stages") or {}
+        if "forward_ms_mean" in st:
+            server += f" (queue {st.get('queue_ms_mean', 0):g} / forward {st['forward_ms_mean']:g} ms a call"
+            server += f", {st['batch_calls_mean']:g} calls a batch)" if "batch_calls_mean" in st else ")"
     print(
         f"{r['label']}: {r['achieved_rps']:.1f} ok calls/s, {r['achieved_docs_per_s']:.0f} docs/s, "
         f"p99 {p99}, failed {r['failed']}{server}  [{sat}]",

@@ -262,6 +262,44 @@ def test_metrics_parse_and_reconcile() -> None:
     assert not rec["matched"] and rec["explained"] and "1 call(s)" in rec["verdict"], rec
 
 
+def test_a_run_reports_where_the_server_spent_a_call_s_time_and_its_batches(capsys) -> None:
+    """The stage histograms' and batch histograms' sums and counts, differenced over the run: mean ms
+    a call spent queued and in its batch's forward, and the batches' mean calls and tokens."""
+
+    def page(queue_s: float, forward_s: float, calls: int, batches: int, tokens: int) -> str:
+        return (
+            f'scorer_stage_duration_seconds_sum{{stage="queue"}} {queue_s}\n'
+            f'scorer_stage_duration_seconds_count{{stage="queue"}} {calls}\n'
+            f'scorer_stage_duration_seconds_sum{{stage="forward"}} {forward_s}\n'
+            f'scorer_stage_duration_seconds_count{{stage="forward"}} {calls}\n'
+            f"scorer_batch_requests_sum {calls}\nscorer_batch_requests_count {batches}\n"
+            f"scorer_batch_tokens_sum {tokens}\nscorer_batch_tokens_count {batches}\n"
+        )
+
+    before = lm.parse(page(1.0, 2.0, 10, 5, 5000))
+    after = lm.parse(page(1.5, 4.0, 30, 10, 45000))
+    stages = after.minus(before).stages()
+    assert stages == {
+        "queue_ms_mean": 25.0,
+        "forward_ms_mean": 100.0,
+        "batches": 5,
+        "batch_calls_mean": 4.0,
+        "batch_tokens_mean": 8000.0,
+    }
+    client = {"requests": 0, "failed": 0, "by_code": {}, "docs_ok": 0}
+    rec = lm.reconcile(client, after.minus(before))
+    md = "\n".join(report._server_md(rec))
+    assert "queue 25, forward 100; 5 batches of 4 calls and 8000 tokens on average." in md
+    line = {
+        "label": "auto @ 10/s", "achieved_rps": 10.0, "achieved_docs_per_s": 100.0, "failed": 0,
+        "latency_seconds": {"p99": 0.05}, "saturation": {"saturated": False}, "server": rec,
+    }  # fmt: skip
+    run._print_line(line)
+    assert "(queue 25 / forward 100 ms a call, 4 calls a batch)" in capsys.readouterr().err
+    assert lm.parse("").stages() == {}  # a server that exports none: no line
+    assert "On the server" not in "\n".join(report._server_md(lm.reconcile(client, lm.parse(""))))
+
+
 # --- against the stub server --------------------------------------------------------------------
 
 
