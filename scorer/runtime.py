@@ -71,7 +71,5 @@ def build_engine(
     mib = auto_mib(dev) if prefix_cache_mib == "auto" else int(prefix_cache_mib)
     cache = PrefixCache.for_model(mib, mc, dtype, dev, admit=prefix_cache_admit)
     if cache is not None:
-        log.info(
-            "prefix cache: %d MiB, %d tokens, admission %s", mib, cache.capacity, cache.admit
-        )
+        log.info("prefix cache: %d MiB, %d tokens, admission %s", mib, cache.capacity, cache.admit)
     return Engine(runner, tokenizer, config, model_name=path.name, cache=cache, model_dir=str(path))
