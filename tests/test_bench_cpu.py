@@ -1,6 +1,8 @@
 """The CPU benchmarks run and report every stage (their numbers are in bench/RESULTS.md)."""
 
 import json
+import math
+import random
 
 import pytest
 import torch
@@ -36,6 +38,45 @@ def test_admission_replays_each_shape_under_each_rule(tmp_path, capsys) -> None:
     assert got["unique", "auto"]["read_share"] >= got["unique", "2"]["read_share"] > 0.15  # the head
     assert not got["unique", "auto"]["first_sight_at_end"]
     assert "| repeat10 | 100 | auto |" in capsys.readouterr().out
+
+
+def test_fp8_check_ranks_labelled_calls_under_fp32_bf16_and_fp8(tmp_path, monkeypatch, capsys) -> None:
+    """bench.fp8_check on the tiny model: NDCG@10 of each system against the labels, and bf16's and
+    FP8's agreement with fp32; NDCG by its definition; a bad line named by number and field."""
+    from bench import fp8_check
+
+    assert fp8_check.ndcg([3.0, 2.0, 1.0], [2, 1, 0]) == 1.0
+    worst = (1 / math.log2(3) + 3 / math.log2(4)) / (3 + 1 / math.log2(3))  # [0, 1, 2] ranked as given
+    assert fp8_check.ndcg([3.0, 2.0, 1.0], [0, 1, 2]) == pytest.approx(worst)
+    assert fp8_check.ndcg([1.0, 2.0], [0, 0]) == 1.0
+    assert fp8_check.ndcg([1.0, 2.0, 3.0], [1, 0, 0], k=2) == 0.0  # the relevant doc is third
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(
+        '{"query": "q", "documents": ["a"], "relevance": [1]}\n{"query": "q", "documents": ["a", "b"]}\n'
+    )
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: relevance needs one number per document \(2\)"):
+        fp8_check.read_pairs(bad)
+    rng = random.Random(0)
+    words = ["shared", "prefix", "computed", "once", "reranker", "query", "document", "cache", "score"]
+    pairs = tmp_path / "pairs.jsonl"
+    lines = []
+    for _ in range(3):
+        docs = [" ".join(rng.choices(words, k=rng.randint(3, 9))) for _ in range(6)]
+        rel = [rng.choice([0, 1, 2]) for _ in docs]
+        lines.append(
+            json.dumps({"query": " ".join(rng.choices(words, k=4)), "documents": docs, "relevance": rel})
+        )
+    pairs.write_text("\n".join(lines) + "\n")
+    monkeypatch.setenv("SCORER_CACHE_DIR", str(tmp_path / "cache"))
+    result = fp8_check.main(["--pairs", str(pairs), "--device", "cpu", "--out", str(tmp_path)])
+    rows = result["rows"]
+    assert result["calls"] == 3 and set(rows) == {"fp32", "bf16", "fp8"}
+    assert all(0 < r["ndcg10_mean"] <= 1 for r in rows.values())
+    assert (
+        rows["bf16"]["spearman_mean"] > 0.9
+        and rows["bf16"]["logprob_err_mean"] < rows["fp8"]["logprob_err_mean"]
+    )
+    assert "| fp8 |" in capsys.readouterr().out and (tmp_path / "fp8_check.json").exists()
 
 
 def test_host_path_times_the_long_repeated_prompt_stage_by_stage(tmp_path, monkeypatch, capsys) -> None:
@@ -201,9 +242,9 @@ def test_full_batches_drop_the_runt_a_saturated_batcher_never_forms():
 
 
 BENCHMARKS = [
-    "admission", "attention_layouts", "cost_fit", "cpu_schemes", "e2e", "fp8", "fp8_quant", "host_path",
-    "host_served", "kernel_profile", "kernels", "light_load", "plan_on_cache", "qk_norm_rope", "report",
-    "rms_norm", "throughput", "triton_gemm",
+    "admission", "attention_layouts", "cost_fit", "cpu_schemes", "e2e", "fp8", "fp8_check", "fp8_quant",
+    "host_path", "host_served", "kernel_profile", "kernels", "light_load", "plan_on_cache", "qk_norm_rope",
+    "report", "rms_norm", "throughput", "triton_gemm",
 ]  # fmt: skip
 
 
