@@ -28,7 +28,7 @@ served)
     --doc-tokens fixed:4 --token-ids --prompt-reuse 10 --template plain --seed 3
   for cfg in ${CONFIGS:-cache nocache}; do
     read -ra extra <<< "${CACHE_ARGS:-}"  # e.g. CACHE_ARGS="--prefix-cache-admit 1"
-    rates="${CACHE_RATES:-60,100,140,180,220,250,300}"
+    rates="${CACHE_RATES:-60,100,130,145,160,175,190,220,260}"  # fine near the ~145 calls/s knee
     [ "$cfg" = admit2 ] && extra=(--prefix-cache-admit 2)
     [ "$cfg" = nocache ] && extra=(--prefix-cache-mib 0) && rates="${NOCACHE_RATES:-15,20,25,30,35,40}"
     taskset -c 4-15 python3 -m scorer serve --model "$CKPT" --port 50051 --metrics-port 9464 "${extra[@]}" \
