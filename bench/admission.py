@@ -89,11 +89,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--scale", type=float, default=1.0, help="the share of each shape's calls to replay")
     a = ap.parse_args(argv)
-    rows = []
+    rows, cpu = [], torch.device("cpu")
     for shape in a.shapes.split(","):
         prompts = traffic(shape, a.scale)
         for admit in ADMITS:
-            cpu = torch.device("cpu")
             cache = PrefixCache(a.pool_blocks * BLOCK, 1, 1, 8, torch.float32, cpu, admit=admit)
             rows.append({"shape": shape, "admit": str(admit), **replay(cache, prompts)})
     print(f"pool of {a.pool_blocks} blocks ({a.pool_blocks * BLOCK} tokens)\n")
@@ -110,7 +109,6 @@ def main(argv: list[str] | None = None) -> dict:
             f"| {r['written_share']:.1%} | {r['evicted_blocks']} | {reuse} | {first} |"
         )
     result = {"pool_blocks": a.pool_blocks, "scale": a.scale, "rows": rows}
-    a.out.mkdir(parents=True, exist_ok=True)
     write_json(a.out / "admission.json", result)
     return result
 

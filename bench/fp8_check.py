@@ -20,7 +20,6 @@ its NDCG@10 is within the noise of bf16's and fp32's.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import math
 import statistics
@@ -32,7 +31,7 @@ from scorer.options import ScoreOptions
 from scorer.request import Doc, ScoreRequest
 from scorer.runtime import build_engine
 
-from .fp8 import ranking
+from .fp8 import _free, ranking
 from .timing import environment, write_json
 
 SYSTEMS = ("fp32", "bf16", "fp8")
@@ -101,9 +100,7 @@ def main(argv: list[str] | None = None) -> dict:
         with torch.inference_mode():
             got[system] = score(e, calls, a.template)
         del e
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        _free()
     rows = {}
     for system in SYSTEMS:
         per_call = [

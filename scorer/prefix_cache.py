@@ -71,6 +71,17 @@ few percent; 1 in 16 leaves a margin for the blocks those writes evict."""
 ADMIT = ("auto", 1, 2)
 
 
+def admission(admit: int | str) -> int | str:
+    """``admit`` as the cache holds it (a flag's string "1" or "2" as its number); ValueError for a
+    value that is none of ``ADMIT``."""
+    admit = int(admit) if str(admit) in ("1", "2") else admit
+    if admit not in ADMIT:
+        raise ValueError(
+            f"admit is auto, 1 (cache a block when first seen) or 2 (when seen again), not {admit!r}"
+        )
+    return admit
+
+
 DIGEST = 32
 """Bytes of a block's digest (BLAKE2b-256)."""
 
@@ -223,12 +234,7 @@ class PrefixCache:
         self._ids = 0
         # prompt_key -> (its block digests, its cached blocks when last matched, their slots)
         self._recent: OrderedDict[bytes, tuple[_Chain, tuple, torch.Tensor | None]] = OrderedDict()
-        admit = int(admit) if str(admit) in ("1", "2") else admit  # a flag's string too
-        if admit not in ADMIT:
-            raise ValueError(
-                f"admit is auto, 1 (cache a block when first seen) or 2 (when seen again), not {admit!r}"
-            )
-        self.admit = admit
+        self.admit = admission(admit)
         self.came_back = self.lost = 0.0  # block outcomes weighed by ``auto``, halved past seen_limit
         self.arrived = 0  # blocks written or remembered as seen, ever: the clock of a block's reach
         self._seen: OrderedDict[bytes, None] = OrderedDict()  # digests of blocks seen, not cached

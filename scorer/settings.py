@@ -129,7 +129,13 @@ def _auto_or_count(unit: str = "", most: int | None = None):
 
 
 def _admission(v):
-    return None if str(v) in ("auto", "1", "2") else "is not auto, 1 or 2"
+    from .prefix_cache import admission  # torch's import: checked after parsing, as _auto_policy
+
+    try:
+        admission(v)
+    except ValueError:
+        return "is not auto, 1 or 2"
+    return None
 
 
 def _auto_policy(v):
