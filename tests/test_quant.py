@@ -220,6 +220,47 @@ def test_the_residual_add_in_the_next_norm_changes_no_bit(tiny):
             torch.testing.assert_close(hidden(defer, graphed), base, atol=0, rtol=0)
 
 
+def test_the_qkv_gemm_normalising_and_rotating_scores_as_the_two_kernels(tiny, monkeypatch):
+    """With ``DecoderLM.rope_gemm`` (FP8's default on the fused path) the QKV GEMM writes q and k
+    normed and rotated (``triton_ops.qkv_rope``, here its torch statement, the device check let
+    through): the same hidden states as cuBLAS's GEMM then ``qk_norm_rope``, eagerly and over the
+    graph runner's segments, in every layer."""
+    from scorer.models import triton_ops
+    from scorer.models.graphs import GraphedDecoder
+
+    model, _ = load_model(tiny, "cpu", torch.float32, "fused", "none")
+    quantize_model(model, fused=True)
+    assert model.rope_gemm
+    calls = []
+    qkv_rope = triton_ops.qkv_rope
+    monkeypatch.setattr(triton_ops, "qkv_rope_supported", lambda *a: True)
+    monkeypatch.setattr(triton_ops, "qkv_rope", lambda *a, **k: calls.append(1) or qkv_rope(*a, **k))
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, VOCAB, (37,), generator=gen)
+    pos = torch.arange(37)
+
+    def attn(_i, q, k, v, out=None):  # a stand-in mixing heads and rows: not the identity
+        o = (q + k.repeat_interleave(q.shape[1] // k.shape[1], 1)).roll(1, 0) * 0.5
+        return o if out is None else out.copy_(o)
+
+    def hidden(in_gemm: bool, graphed: bool) -> torch.Tensor:
+        model.rope_gemm = in_gemm
+        if graphed:
+            graphs = GraphedDecoder(model, 64, capture=False)
+            graphs.warm_up()
+            calls.clear()
+            return graphs.forward_hidden(ids, pos, attn).clone()
+        calls.clear()
+        return model.forward_hidden(ids, pos, attn)
+
+    with torch.inference_mode():
+        base = hidden(False, False)
+        assert not calls
+        for graphed in (False, True):
+            torch.testing.assert_close(hidden(True, graphed), base, atol=1e-5, rtol=1e-5)
+            assert len(calls) == model.num_layers
+
+
 def test_the_kernels_torch_statements():
     """What the Triton kernels compute, on the CPU: the residual updated in place before the norm,
     SiLU-and-mul in fp32 rounded once, then ``quantize_rows`` of the result."""

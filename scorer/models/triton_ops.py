@@ -446,6 +446,130 @@ def gate_up_silu(
     return out
 
 
+RopeGemmConfig = tuple[int, int, int, int, int, int]
+"""(BLOCK_M, HEADS, BLOCK_K, num_stages, num_warps, GROUP_M) of ``qkv_rope``: a program's tile is
+``BLOCK_M`` rows by ``HEADS`` whole heads (1 or 2), each head two accumulators of D/2 columns."""
+
+
+def qkv_rope_config(rows: int, num_heads: int, head_dim: int, even_heads: bool, fp8: bool) -> RopeGemmConfig:
+    """The default program shape of ``qkv_rope``: 128 rows by two heads (256 columns of Qwen3's
+    heads, the tile of ``gate_up_silu``) where the q and the kv head counts are even (a tile never
+    straddles q, k and v), K in steps of 128 (FP8) or 64 over 3 stages, 8 warps, row blocks grouped
+    as ``gate_up_config`` groups them."""
+    heads = 2 if even_heads and head_dim <= 128 else 1
+    return 128, heads, 128 if fp8 else 64, 3, 8, 4 if num_heads // heads <= 32 else 16
+
+
+def qkv_rope_supported(
+    x: torch.Tensor, w: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim: int
+) -> bool:
+    """Can ``qkv_rope`` run ``x`` [T, H] by ``w`` [(Hq + 2 Hkv) D, H] on this device (Hopper's TMA,
+    bf16, fp16 or FP8 e4m3, 16-byte aligned rows, a head of 32 to 256 columns, a power of two)?"""
+    return (
+        triton is not None
+        and x.is_cuda
+        and _capability(x.device) >= 9
+        and x.dtype in (torch.bfloat16, torch.float16, torch.float8_e4m3fn)
+        and w.dtype == x.dtype
+        and x.dim() == 2
+        and x.stride(1) == 1
+        and w.is_contiguous()
+        and _tma_rows(x)
+        and (x.shape[1] * x.element_size()) % 16 == 0
+        and head_dim in (32, 64, 128, 256)
+        and w.shape[0] == (num_q_heads + 2 * num_kv_heads) * head_dim
+    )
+
+
+def qkv_rope(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None,
+    eps: float,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    out: torch.Tensor | None = None,
+    *,
+    x_scale: torch.Tensor | None = None,
+    w_scale: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    config: RopeGemmConfig | None = None,
+) -> torch.Tensor:
+    """The QKV GEMM with ``qk_norm_rope`` in its epilogue: ``out`` [T, (Hq + 2 Hkv) D] (the layout
+    of ``qkv_views``) holds q and k normed and rotated, v as the GEMM made it. Each program holds
+    whole heads of a row block as two fp32 accumulators, a head's first and second halves, so the
+    per-head RMSNorm is a row sum of the two and RoPE's ``rotate_half`` pairs them element by
+    element; q and k are written once instead of written by the GEMM, read and written again by
+    ``qk_norm_rope`` (4 of its 6 bytes a value on Qwen3-0.6B). Rounded once, from the GEMM's fp32
+    (``qk_norm_rope`` reads it rounded to bf16 first: within a bf16 ulp of it).
+
+    FP8 operands come with ``x_scale`` [T, 1] and ``w_scale`` [1, N] (``gate_up_silu``'s), applied
+    in fp32 before the bias and the norm; ``out`` is then in the model's dtype (a new one in
+    ``out_dtype``, default bf16).
+    ``q_weight``/``k_weight``: Qwen3's per-head norms, or both None (Llama). Allocates nothing
+    with ``out`` given (CUDA graphs). CPU tensors go to the torch statement: the GEMM in fp32, then
+    ``qk_norm_rope_reference`` in fp32, one rounding (the kernel under ``TRITON_INTERPRET=1``)."""
+    if (q_weight is None) != (k_weight is None):
+        raise ValueError("give both q_weight and k_weight, or neither")
+    scaled = x.dtype == torch.float8_e4m3fn
+    if scaled != (x_scale is not None) or scaled != (w_scale is not None):
+        raise ValueError("FP8 operands take x_scale and w_scale; others take neither")
+    hq, hkv, d = num_q_heads, num_kv_heads, head_dim
+    T, H = x.shape
+    n = (hq + 2 * hkv) * d
+    if w.shape != (n, H):
+        raise ValueError(f"w must be [{n}, {H}], got {tuple(w.shape)}")
+    if out is None:
+        out = torch.empty(T, n, dtype=out_dtype or (torch.bfloat16 if scaled else x.dtype), device=x.device)
+    if out.shape != (T, n) or out.stride(1) != 1 or out.dtype != (out.dtype if scaled else x.dtype):
+        raise ValueError(f"out must be [{T}, {n}] with contiguous rows, in x's dtype (FP8: the model's)")
+    if positions.shape != (T,):
+        raise ValueError(f"positions must be [{T}], got {tuple(positions.shape)}")
+    if reference_path(x, "qkv_rope"):
+        y = (
+            x.float() @ w.float().t()
+            if not scaled
+            else (x.float() * x_scale) @ (w.float() * w_scale.reshape(-1, 1)).t()
+        )
+        if bias is not None:
+            y = y + bias.float()
+        q, k, v = qk_norm_rope_reference(
+            y, q_weight, k_weight, eps, positions, cos_sin_cache, hq, hkv, d, out_dtype=torch.float32
+        )
+        return out.copy_(torch.cat((q.flatten(1), k.flatten(1), v.flatten(1)), dim=1))
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    if T == 0:
+        return out
+    if cos_sin_cache.dtype != torch.float32 or cos_sin_cache.stride(-1) != 1 or cos_sin_cache.shape[-1] != d:
+        raise ValueError("cos_sin_cache must be fp32 [max_pos, head_dim] with contiguous rows")
+    bm, heads, bk, stages, warps, group = config or qkv_rope_config(
+        T, hq + 2 * hkv, d, hq % 2 == hkv % 2 == 0, scaled
+    )
+    if heads == 2 and (hq % 2 or hkv % 2):
+        raise ValueError("two heads a program need even q and kv head counts")
+    half = d // 2
+    tiles = triton.cdiv(T, bm) * ((hq + 2 * hkv) // heads)
+    programs = min(tiles, _num_sms(x.device))
+    has_norm = q_weight is not None
+    _qkv_rope_kernel[(programs,)](
+        TensorDescriptor.from_tensor(x, [bm, bk]),
+        TensorDescriptor.from_tensor(w, [half, bk]),
+        TensorDescriptor.from_tensor(out, [bm, half]),
+        x_scale if scaled else x, w_scale if scaled else x, bias if bias is not None else x,
+        q_weight if has_norm else x, k_weight if has_norm else x, positions, cos_sin_cache,
+        T, H, float(eps), cos_sin_cache.stride(0),
+        HQ=hq, HKV=hkv, HALF=half, HEADS=heads, BLOCK_M=bm, BLOCK_K=bk, GROUP_M=group, PROGRAMS=programs,
+        SCALED=scaled, HAS_BIAS=bias is not None, HAS_NORM=has_norm, num_stages=stages, num_warps=warps,
+    )  # fmt: skip
+    return out
+
+
 def _tma_rows(t: torch.Tensor) -> bool:
     """Can a TMA descriptor address ``t``'s rows (16-byte aligned start and row stride)?"""
     return t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
@@ -509,3 +633,86 @@ if triton is not None:
             # IEEE one is ~15 instructions an element of an epilogue no other work hides
             y = tl.fdiv(g, 1.0 + tl.exp(-g), ieee_rounding=False) * u
             y_desc.store([om, on], y.to(y_desc.dtype))
+
+    @triton.jit
+    def _rope_head(
+        x1, x2, col, is_q, rotate, rows, M, eps, xs, ws_ptr, b_ptr, qw_ptr, kw_ptr, pos_ptr, cache_ptr,
+        stride_cache, HALF: tl.constexpr, SCALED: tl.constexpr, HAS_BIAS: tl.constexpr,
+        HAS_NORM: tl.constexpr,
+    ):  # fmt: skip
+        """One head's epilogue: its two halves' fp32 accumulators scaled (FP8), biased, and for q
+        and k heads (``rotate``) normed and rotated, as ``qk_norm_rope_reference`` computes them."""
+        offs = tl.arange(0, HALF)
+        if SCALED:
+            x1 = x1 * xs * tl.load(ws_ptr + col + offs)[None, :]
+            x2 = x2 * xs * tl.load(ws_ptr + col + HALF + offs)[None, :]
+        if HAS_BIAS:
+            x1 = x1 + tl.load(b_ptr + col + offs).to(tl.float32)[None, :]
+            x2 = x2 + tl.load(b_ptr + col + HALF + offs).to(tl.float32)[None, :]
+        if rotate:
+            if HAS_NORM:
+                ss = tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)
+                rstd = tl.rsqrt(ss / (2 * HALF) + eps)[:, None]
+                w1 = tl.where(is_q, tl.load(qw_ptr + offs), tl.load(kw_ptr + offs)).to(tl.float32)[None, :]
+                w2 = tl.where(is_q, tl.load(qw_ptr + HALF + offs), tl.load(kw_ptr + HALF + offs))
+                x1 = x1 * rstd * w1
+                x2 = x2 * rstd * w2.to(tl.float32)[None, :]
+            pos = tl.load(pos_ptr + rows, mask=rows < M, other=0).to(tl.int64)
+            cs = cache_ptr + pos[:, None] * stride_cache + offs[None, :]
+            cos = tl.load(cs)
+            sin = tl.load(cs + HALF)
+            x1, x2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
+        return x1, x2
+
+    @triton.jit(do_not_specialize=["M", "PROGRAMS"])
+    def _qkv_rope_kernel(
+        x_desc, w_desc, y_desc, xs_ptr, ws_ptr, b_ptr, qw_ptr, kw_ptr, pos_ptr, cache_ptr, M, K, eps,
+        stride_cache, HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr, HEADS: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, PROGRAMS,
+        SCALED: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr,
+    ):  # fmt: skip
+        """Tiles of [BLOCK_M rows, HEADS heads] in grouped order, PROGRAMS programs taking every
+        PROGRAMS-th tile (``_gate_up_silu_kernel``'s loop); per head two accumulators, its columns
+        ``c..c+D/2`` and ``c+D/2..c+D``. A tile's heads are all q, all k or all v."""
+        num_m = tl.cdiv(M, BLOCK_M)
+        num_n = (HQ + 2 * HKV) // HEADS
+        per_group = GROUP_M * num_n
+        for tile in tl.range(tl.program_id(0), num_m * num_n, PROGRAMS):
+            first_m = (tile // per_group) * GROUP_M
+            size_m = min(num_m - first_m, GROUP_M)
+            pid_m = first_m + (tile % per_group) % size_m
+            pid_n = (tile % per_group) // size_m
+            om = pid_m * BLOCK_M
+            head = pid_n * HEADS
+            col = head * 2 * HALF
+            a1 = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
+            a2 = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
+            b1 = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
+            b2 = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
+            for kk in range(0, tl.cdiv(K, BLOCK_K)):
+                ok = kk * BLOCK_K
+                a = x_desc.load([om, ok])
+                a1 = tl.dot(a, w_desc.load([col, ok]).T, a1)
+                a2 = tl.dot(a, w_desc.load([col + HALF, ok]).T, a2)
+                if HEADS == 2:
+                    b1 = tl.dot(a, w_desc.load([col + 2 * HALF, ok]).T, b1)
+                    b2 = tl.dot(a, w_desc.load([col + 3 * HALF, ok]).T, b2)
+            rows = om + tl.arange(0, BLOCK_M)
+            xs = 1.0
+            if SCALED:
+                xs = tl.load(xs_ptr + rows, mask=rows < M, other=0.0)[:, None]
+            is_q = head < HQ
+            rotate = head < HQ + HKV
+            a1, a2 = _rope_head(
+                a1, a2, col, is_q, rotate, rows, M, eps, xs, ws_ptr, b_ptr, qw_ptr, kw_ptr, pos_ptr,
+                cache_ptr, stride_cache, HALF, SCALED, HAS_BIAS, HAS_NORM,
+            )  # fmt: skip
+            y_desc.store([om, col], a1.to(y_desc.dtype))
+            y_desc.store([om, col + HALF], a2.to(y_desc.dtype))
+            if HEADS == 2:
+                b1, b2 = _rope_head(
+                    b1, b2, col + 2 * HALF, is_q, rotate, rows, M, eps, xs, ws_ptr, b_ptr, qw_ptr, kw_ptr,
+                    pos_ptr, cache_ptr, stride_cache, HALF, SCALED, HAS_BIAS, HAS_NORM,
+                )  # fmt: skip
+                y_desc.store([om, col + 2 * HALF], b1.to(y_desc.dtype))
+                y_desc.store([om, col + 3 * HALF], b2.to(y_desc.dtype))

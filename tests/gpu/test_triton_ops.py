@@ -16,6 +16,9 @@ from scorer.models.triton_ops import (
     gate_up_silu_supported,
     qk_norm_rope,
     qk_norm_rope_reference,
+    qkv_rope,
+    qkv_rope_supported,
+    qkv_views,
     rms_norm,
     rms_norm_reference,
 )
@@ -334,3 +337,117 @@ def test_gate_up_silu_on_the_cpu_is_the_reference():
     g, u = x.float() @ w[:128].float().t(), x.float() @ w[128:].float().t()
     want = (torch.nn.functional.silu(g) * u).to(x.dtype)
     torch.testing.assert_close(gate_up_silu_reference(x, w), want, rtol=2.0**-7, atol=1e-5)
+
+
+def qkv_rope_inputs(T, hidden, hq, hkv, d, fp8, norm, bias, seed=0):
+    """x, w, the FP8 scales (or {}), q/k norm weights, bias, positions and the cos|sin cache."""
+    from scorer.models.fp8_kernels import quantize_rows
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    n = (hq + 2 * hkv) * d
+    x = torch.randn(T, hidden, generator=g, device="cuda").bfloat16()
+    w = (torch.randn(n, hidden, generator=g, device="cuda") / hidden**0.5).bfloat16()
+    scales = {}
+    if fp8:
+        (x, xs), (w, ws) = quantize_rows(x), quantize_rows(w)
+        scales = dict(x_scale=xs, w_scale=ws.reshape(1, -1))
+    qw = (1 + 0.3 * torch.randn(d, generator=g, device="cuda")).bfloat16() if norm else None
+    kw = (1 + 0.3 * torch.randn(d, generator=g, device="cuda")).bfloat16() if norm else None
+    b = (0.1 * torch.randn(n, generator=g, device="cuda")).bfloat16() if bias else None
+    pos = torch.randint(0, MAX_POS, (T,), generator=g, device="cuda")
+    return x, w, scales, qw, kw, b, pos, cos_sin_cache(MAX_POS, d, device="cuda")
+
+
+def qkv_rope_reference32(x, w, scales, qw, kw, b, pos, cache, hq, hkv, d):
+    """The fp32 result ``qkv_rope`` rounds once: the GEMM, bias, norm and rotation in fp32."""
+    y = x.float() @ w.float().t()
+    if scales:
+        y = y * scales["x_scale"] * scales["w_scale"]
+    if b is not None:
+        y = y + b.float()
+    q, k, v = qk_norm_rope_reference(y, qw, kw, EPS, pos, cache, hq, hkv, d, out_dtype=torch.float32)
+    return torch.cat((q.flatten(1), k.flatten(1), v.flatten(1)), dim=1)
+
+
+QKV_SHAPES = [(1024, 16, 8, 128), (4096, 32, 8, 128), (256, 3, 1, 64)]
+"""Qwen3-0.6B's and -8B's attention (hidden, q heads, kv heads, head_dim), and odd head counts (a
+head a program)."""
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("fp8", [True, False], ids=["fp8", "bf16"])
+@pytest.mark.parametrize("shape", QKV_SHAPES, ids=["0.6b", "8b", "odd"])
+@pytest.mark.parametrize("norm,bias", [(True, False), (False, True)], ids=["qwen3", "qwen2"])
+@pytest.mark.parametrize("T", [1, 7, 300, 4097])
+def test_qkv_rope_matches_reference(fp8, shape, norm, bias, T):
+    """One rounding of the fp32 GEMM + bias + per-head norm + RoPE (v: the GEMM's product), into a
+    new tensor and a given one; within one ulp of the unrounded reference."""
+    hidden, hq, hkv, d = shape
+    x, w, scales, qw, kw, b, pos, cache = qkv_rope_inputs(T, hidden, hq, hkv, d, fp8, norm, bias, seed=T)
+    if not qkv_rope_supported(x, w, hq, hkv, d):
+        pytest.skip("qkv_rope needs Hopper")
+    ref32 = qkv_rope_reference32(x, w, scales, qw, kw, b, pos, cache, hq, hkv, d)
+    got = qkv_rope(x, w, qw, kw, EPS, pos, cache, hq, hkv, d, bias=b, **scales)
+    assert_one_rounding(got, ref32, GEMM_FLIPS)
+    out = torch.empty_like(got)
+    assert (
+        qkv_rope(x, w, qw, kw, EPS, pos, cache, hq, hkv, d, out, bias=b, **scales).data_ptr()
+        == out.data_ptr()
+    )
+    assert torch.equal(out, got)
+
+
+@gpu
+@needs_gpu
+def test_qkv_rope_against_the_two_kernels_it_replaces():
+    """FP8 on Qwen3-0.6B's shape: the FP8 GEMM (``torch._scaled_mm``, rounded to bf16) then
+    ``qk_norm_rope`` in place give the same heads within a bf16 ulp of the inputs' rounding."""
+    hidden, hq, hkv, d = QKV_SHAPES[0]
+    x, w, scales, qw, kw, _, pos, cache = qkv_rope_inputs(2000, hidden, hq, hkv, d, True, True, False)
+    if not qkv_rope_supported(x, w, hq, hkv, d):
+        pytest.skip("qkv_rope needs Hopper")
+    two = torch._scaled_mm(
+        x, w.t(), scale_a=scales["x_scale"], scale_b=scales["w_scale"], out_dtype=torch.bfloat16
+    )
+    qk_norm_rope(two, qw, kw, EPS, pos, cache, hq, hkv, d, *qkv_views(two, hq, hkv, d)[:2])
+    one = qkv_rope(x, w, qw, kw, EPS, pos, cache, hq, hkv, d, **scales)
+    torch.testing.assert_close(one.float(), two.float(), rtol=2.0**-6, atol=2e-2)
+
+
+@gpu
+@needs_gpu
+def test_qkv_rope_replays_in_a_cuda_graph():
+    hidden, hq, hkv, d = QKV_SHAPES[0]
+    x, w, scales, qw, kw, _, pos, cache = qkv_rope_inputs(300, hidden, hq, hkv, d, True, True, False)
+    if not qkv_rope_supported(x, w, hq, hkv, d):
+        pytest.skip("qkv_rope needs Hopper")
+    out = torch.empty(300, w.shape[0], dtype=torch.bfloat16, device="cuda")
+    qkv_rope(x, w, qw, kw, EPS, pos, cache, hq, hkv, d, out, **scales)  # compiles outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        qkv_rope(x, w, qw, kw, EPS, pos, cache, hq, hkv, d, out, **scales)
+    for seed in (1, 2):
+        new = qkv_rope_inputs(300, hidden, hq, hkv, d, True, True, False, seed=seed)
+        x.copy_(new[0])
+        scales["x_scale"].copy_(new[2]["x_scale"])
+        pos.copy_(new[6])
+        graph.replay()
+        torch.cuda.synchronize()
+        want = qkv_rope_reference32(x, w, scales, qw, kw, None, pos, cache, hq, hkv, d)
+        assert_one_rounding(out, want, GEMM_FLIPS)
+
+
+def test_qkv_rope_on_the_cpu_is_the_reference():
+    """On the CPU, the GEMM in fp32 and ``qk_norm_rope_reference`` on its unrounded product."""
+    torch.manual_seed(0)
+    hq, hkv, d = 4, 2, 32
+    x, w = torch.randn(5, 64).bfloat16(), (torch.randn((hq + 2 * hkv) * d, 64) / 8).bfloat16()
+    qw, kw = torch.rand(d) + 0.5, torch.rand(d) + 0.5
+    pos, cache = torch.randint(0, 100, (5,)), cos_sin_cache(128, d)
+    got = qkv_rope(x, w, qw, kw, EPS, pos, cache, hq, hkv, d)
+    y = x.float() @ w.float().t()
+    q, k, v = qk_norm_rope_reference(y, qw, kw, EPS, pos, cache, hq, hkv, d, out_dtype=torch.float32)
+    assert torch.equal(got, torch.cat((q.flatten(1), k.flatten(1), v.flatten(1)), 1).bfloat16())
+    with pytest.raises(ValueError, match="positions"):
+        qkv_rope(x, w, qw, kw, EPS, pos[:4], cache, hq, hkv, d)
