@@ -189,30 +189,39 @@ def test_the_fused_path_scores_as_the_linears_one_by_one(tiny):
         )
 
 
+def _mixing_attention(_i, q, k, v, out=None):
+    """A stand-in for attention mixing heads and rows: not the identity."""
+    o = (q + k.repeat_interleave(q.shape[1] // k.shape[1], 1)).roll(1, 0) * 0.5
+    return o if out is None else out.copy_(o)
+
+
+def _hidden_states(model, graphed: bool, before_forward=lambda: None) -> torch.Tensor:
+    """37 random tokens' last hidden states, eagerly or over the graph runner's segments (run
+    eagerly on the CPU); ``before_forward`` runs after the graphs' warm-up."""
+    from scorer.models.graphs import GraphedDecoder
+
+    ids = torch.randint(0, VOCAB, (37,), generator=torch.Generator().manual_seed(0))
+    pos = torch.arange(37)
+    if graphed:
+        graphs = GraphedDecoder(model, 64, capture=False)
+        graphs.warm_up()
+        before_forward()
+        return graphs.forward_hidden(ids, pos, _mixing_attention).clone()
+    before_forward()
+    return model.forward_hidden(ids, pos, _mixing_attention)
+
+
 def test_the_residual_add_in_the_next_norm_changes_no_bit(tiny):
     """On the fused path each layer's MLP output is added to the residual stream by the next
     layer's input norm (``DecoderLM.residual_in_norm``): the same bf16 sum, so the same hidden
     states to the bit as with the add on its own, eagerly and over the graph runner's segments."""
-    from scorer.models.graphs import GraphedDecoder
-
     model, _ = load_model(tiny, "cpu", torch.bfloat16, "fused", "none")
     quantize_model(model, fused=True)
     assert model.residual_in_norm and all(x.defers_residual for x in model.model.layers)
-    gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, VOCAB, (37,), generator=gen)
-    pos = torch.arange(37)
-
-    def attn(_i, q, k, v, out=None):  # a stand-in mixing heads and rows: not the identity
-        o = (q + k.repeat_interleave(q.shape[1] // k.shape[1], 1)).roll(1, 0) * 0.5
-        return o if out is None else out.copy_(o)
 
     def hidden(defer: bool, graphed: bool) -> torch.Tensor:
         model.residual_in_norm = defer
-        if graphed:
-            graphs = GraphedDecoder(model, 64, capture=False)
-            graphs.warm_up()
-            return graphs.forward_hidden(ids, pos, attn).clone()
-        return model.forward_hidden(ids, pos, attn)
+        return _hidden_states(model, graphed)
 
     with torch.inference_mode():
         base = hidden(False, False)
@@ -225,9 +234,6 @@ def test_the_qkv_gemm_normalising_and_rotating_scores_as_the_two_kernels(tiny, m
     normed and rotated (``triton_ops.qkv_rope``, here its torch statement, the device check let
     through): the same hidden states as cuBLAS's GEMM then ``qk_norm_rope``, eagerly and over the
     graph runner's segments, in every layer."""
-    from scorer.models import triton_ops
-    from scorer.models.graphs import GraphedDecoder
-
     model, _ = load_model(tiny, "cpu", torch.float32, "fused", "none")
     quantize_model(model, fused=True)
     assert model.rope_gemm
@@ -235,23 +241,10 @@ def test_the_qkv_gemm_normalising_and_rotating_scores_as_the_two_kernels(tiny, m
     qkv_rope = triton_ops.qkv_rope
     monkeypatch.setattr(triton_ops, "qkv_rope_supported", lambda *a: True)
     monkeypatch.setattr(triton_ops, "qkv_rope", lambda *a, **k: calls.append(1) or qkv_rope(*a, **k))
-    gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, VOCAB, (37,), generator=gen)
-    pos = torch.arange(37)
-
-    def attn(_i, q, k, v, out=None):  # a stand-in mixing heads and rows: not the identity
-        o = (q + k.repeat_interleave(q.shape[1] // k.shape[1], 1)).roll(1, 0) * 0.5
-        return o if out is None else out.copy_(o)
 
     def hidden(in_gemm: bool, graphed: bool) -> torch.Tensor:
         model.rope_gemm = in_gemm
-        if graphed:
-            graphs = GraphedDecoder(model, 64, capture=False)
-            graphs.warm_up()
-            calls.clear()
-            return graphs.forward_hidden(ids, pos, attn).clone()
-        calls.clear()
-        return model.forward_hidden(ids, pos, attn)
+        return _hidden_states(model, graphed, calls.clear)
 
     with torch.inference_mode():
         base = hidden(False, False)
