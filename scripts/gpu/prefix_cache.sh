@@ -64,7 +64,7 @@ served | profile)
     read -ra extra <<< "${CACHE_ARGS:-}"  # e.g. CACHE_ARGS="--prefix-cache-admit 1"
     rates="${CACHE_RATES:-60,100,130,145,160,175,190,220,260}"  # fine near the ~145 calls/s knee
     [ "$cfg" = admit2 ] && extra=(--prefix-cache-admit 2)
-    [ "$cfg" = nocache ] && extra=(--prefix-cache-mib 0) && rates="${NOCACHE_RATES:-15,20,25,30,35,40}"
+    [ "$cfg" = nocache ] && extra=(--prefix-cache-mib 0) && rates="${NOCACHE_RATES:-16,18,20,22,24,26,28}"
     taskset -c 4-15 python3 -m scorer serve --model "$CKPT" --port 50051 --metrics-port 9464 "${extra[@]}" \
       >"$OUT/server-$cfg.log" 2>&1 &
     pid=$!
