@@ -52,3 +52,18 @@ def test_auto_is_within_the_goal_on_the_heldout_shapes_but_the_known_misses(obje
     missed = {(r["P"], r["S"], r["M"]): (r["auto"], r["best"]) for r in rows if not r["auto_ok"]}
     assert missed == KNOWN_MISSES[objective]
     assert summary["geomean_article_over_auto"] > 1.0
+
+
+def test_a_prompt_read_from_the_pool_runs_multi_item_where_cascade_was_chosen():
+    """Cascade's edge, the prompt's own attention computed once, is gone when the prefix cache
+    holds the prompt: such a call runs multi-item (one attention call a layer, not two and a
+    merge); the same shape computing its prompt keeps the tables' choice, and a cached shape
+    the tables give to another scheme keeps it."""
+    from scorer.planning.base import Shape
+
+    model = CostModel.load()
+    for p, items in ((8000, (4,) * 32), (2000, (100,) * 100)):
+        assert model.choose(Shape(p, items)) == ("cascade", 0)
+        assert model.choose(Shape(p, items, cached=p - 16)) == ("multi_item", 0)
+    a = Shape(300, (50,) * 10)
+    assert model.choose(Shape(300, a.item_lens, cached=288)) == model.choose(a) != ("cascade", 0)
