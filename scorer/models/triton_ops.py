@@ -15,11 +15,6 @@ floor) against 558 us for FlashInfer's two norms, RoPE and the copy (``bench/qk_
 (a persistent TMA kernel, Hopper): no [T, 2I] intermediate and no SiLU-and-mul kernel, 18-21%
 less time than cuBLAS's GEMM and FlashInfer's ``silu_and_mul`` on 2,400-16,128 rows of Qwen3-0.6B.
 
-``qkv_rope`` is the QKV GEMM with ``qk_norm_rope`` in its epilogue (a persistent TMA kernel,
-Hopper, bf16 or FP8 operands with their scales): a program holds whole heads of a row block, each
-as its two halves' accumulators, so the per-head norm and ``rotate_half`` need no other program's
-columns, and q and k are written once. FP8's fused path uses it (``DecoderLM.rope_gemm``).
-
 ``rms_norm`` is the layers' RMSNorm over hidden rows (1,024 wide on Qwen3-0.6B) with several rows
 to a program: FlashInfer's ``RMSNorm`` kernel gives each row a block of its own and ran at ~64% of
 the memory bandwidth on a 20k-row batch (bench/RESULTS.md, The model's own kernels).
