@@ -29,7 +29,6 @@ from .timing import environment, sync, write_json
 FAMILIES = (  # the first pattern a kernel's name matches names its family (FA3's names hold "cutlass")
     ("attention", r"PrefillWithKVCache|BatchPrefill|MergeState|Attention"),
     ("gate_up_silu", r"gate_up_silu"),  # Triton's gate/up GEMM writing silu(g) * u
-    ("qkv_rope", r"qkv_rope"),  # Triton's QKV GEMM writing q and k normed and rotated
     ("fp8_quant", r"_quant_kernel"),  # FP8's norms, SiLU-and-mul and plain quantization (fp8_kernels)
     ("gemm", r"gemm|cutlass|xmma|nvjet|cublas|splitKreduce"),
     ("qk_norm_rope", r"qk_norm_rope"),
@@ -172,7 +171,6 @@ def main(argv: list[str] | None = None) -> None:
         help="comma-separated model kernels, each profiled (KERNELS/noaddmm: the residual adds"
         " outside the GEMMs; KERNELS/finorm: FlashInfer's hidden-state norms, not Triton's;"
         " KERNELS/noswiglu: gate/up on cuBLAS and FlashInfer's SiLU-and-mul, not Triton's one GEMM;"
-        " KERNELS/ropegemm: Triton's QKV GEMM normalising and rotating q and k, in bf16 too;"
         " KERNELS/fp8 and the other bench.throughput FP8 variants: the linears in FP8)",
     )
     ap.add_argument("--schemes", default="auto", help="comma-separated: auto or a scheme, each profiled")
@@ -207,7 +205,6 @@ def main(argv: list[str] | None = None) -> None:
             triton_norm="finorm" not in opts,
             swiglu_gemm="noswiglu" not in opts,
             fp8=next((FP8_SYSTEMS[o] for o in opts if o in FP8_SYSTEMS), ""),
-            rope_gemm="ropegemm" in opts,
         )
         for w, scheme in itertools.product(a.workloads.split(","), a.schemes.split(",")):
             rec = {

@@ -17,9 +17,7 @@ label ids. For each workload (prompt + N docs of S tokens) and system:
   (``DecoderLM.swiglu_gemm``); ``@fp8`` with the decoder's linears in FP8 (``--quantization fp8``,
   ``scorer.models.quant``; ``@fp8lin`` with each linear quantizing its input, ``@fp8noswiglu``
   with cuBLAS's FP8 gate/up GEMM and the SiLU-and-mul kernel instead of Triton's FP8 gate/up +
-  SiLU, ``@fp8sepadd`` with the MLP's residual add a kernel of its own, ``@fp8norope`` with cuBLAS's
-  FP8 QKV GEMM and the q/k-norm + RoPE kernel instead of Triton's QKV GEMM doing both in its
-  epilogue); ``@ropegemm`` with that Triton QKV GEMM in bf16; ``@nomat`` with
+  SiLU, ``@fp8sepadd`` with the MLP's residual add a kernel of its own); ``@nomat`` with
   long docs' attention paged instead of on FA3 over a gathered copy of their keys; ``@pool`` with a split
   call's passes reusing its prompt's K/V from a pool, never computing it again): batches of at
   most ``--budget`` tokens formed as the server's batcher forms them at saturation
@@ -442,7 +440,6 @@ def engine_for(
     materialize: bool = True,
     swiglu_gemm: bool = True,
     fp8: str = "",
-    rope_gemm: bool = False,
 ) -> Engine:
     """The serving configuration (FlashInfer, CUDA graphs); the torch reference on the CPU (smoke);
     the embedded tokenizer, for the text calls. ``attention``: FlashInfer's prefill kernels
@@ -458,21 +455,17 @@ def engine_for(
     (``quant.quantize_model``): ``fused`` (the serving default), ``linears`` (each linear quantizing
     its own input), ``noswiglu`` (``fused`` with cuBLAS's FP8 gate/up GEMM and the SiLU-and-mul
     kernel quantizing, instead of Triton's FP8 gate/up + SiLU GEMM), ``sepadd`` (``fused`` with the MLP's
-    residual add a kernel of its own, not in the next input norm), ``norope`` (``fused`` with cuBLAS's
-    FP8 QKV GEMM and ``qk_norm_rope`` after it, instead of Triton's QKV GEMM normalising and rotating
-    in its epilogue); ``rope_gemm``: that Triton GEMM in bf16 too (``DecoderLM.rope_gemm``)."""
+    residual add a kernel of its own, not in the next input norm)."""
     cuda = device.type == "cuda"
     model = build_model(device, cfg["num_hidden_layers"], kernels if cuda else "torch", cfg)
     model.qkv_in_place = model.qkv_in_place and qkv_in_place
     model.residual_in_gemm = model.residual_in_gemm and residual_in_gemm
     model.triton_norm = model.triton_norm and triton_norm
     model.swiglu_gemm = model.swiglu_gemm and swiglu_gemm
-    model.rope_gemm = rope_gemm and model.qkv_in_place
     if fp8:
         quantize_model(model, fused=False if fp8 == "linears" else None)
         model.swiglu_gemm = model.swiglu_gemm and fp8 != "noswiglu"
         model.residual_in_norm = model.residual_in_norm and fp8 != "sepadd"
-        model.rope_gemm = model.rope_gemm and fp8 != "norope"
     mc = model.config
     spec = HeadSpec(mc.num_heads, mc.num_kv_heads, mc.head_dim, torch.bfloat16, device)
     if cuda:
@@ -512,7 +505,7 @@ def main(argv: list[str] | None = None) -> None:
         default="",
         help="auto, auto@flashinfer, auto@fa3, auto@lt, auto@paged, auto@copyv, auto@noaddmm, auto@finorm,"
         " auto@noswiglu, auto@nomat, auto@pool, auto@fp8, auto@fp8lin, auto@fp8noswiglu,"
-        " auto@fp8sepadd, auto@fp8norope, auto@ropegemm, a scheme, hf_naive,"
+        " auto@fp8sepadd, a scheme, hf_naive,"
         " hf_prefix",
     )
     ap.add_argument("--seconds", type=float, default=4.0, help="per system, at saturation")
@@ -587,13 +580,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.cuda.empty_cache()
 
 
-FP8_SYSTEMS = {
-    "fp8": "fused",
-    "fp8lin": "linears",
-    "fp8noswiglu": "noswiglu",
-    "fp8sepadd": "sepadd",
-    "fp8norope": "norope",
-}
+FP8_SYSTEMS = {"fp8": "fused", "fp8lin": "linears", "fp8noswiglu": "noswiglu", "fp8sepadd": "sepadd"}
 """``auto@X``: the FP8 variant of ``engine_for``'s ``fp8``."""
 
 
@@ -629,7 +616,6 @@ def measure(rec: dict, engines: dict, cfg: dict, device, a, w: str, reqs, stream
                     materialize=at != "nomat",
                     swiglu_gemm=at != "noswiglu",
                     fp8=FP8_SYSTEMS.get(at, ""),
-                    rope_gemm=at == "ropegemm",
                 )
             )
         if key not in engines:  # the same model and runner, with a pool

@@ -195,9 +195,9 @@ def _mixing_attention(_i, q, k, v, out=None):
     return o if out is None else out.copy_(o)
 
 
-def _hidden_states(model, graphed: bool, before_forward=lambda: None) -> torch.Tensor:
+def _hidden_states(model, graphed: bool) -> torch.Tensor:
     """37 random tokens' last hidden states, eagerly or over the graph runner's segments (run
-    eagerly on the CPU); ``before_forward`` runs after the graphs' warm-up."""
+    eagerly on the CPU)."""
     from scorer.models.graphs import GraphedDecoder
 
     ids = torch.randint(0, VOCAB, (37,), generator=torch.Generator().manual_seed(0))
@@ -205,9 +205,7 @@ def _hidden_states(model, graphed: bool, before_forward=lambda: None) -> torch.T
     if graphed:
         graphs = GraphedDecoder(model, 64, capture=False)
         graphs.warm_up()
-        before_forward()
         return graphs.forward_hidden(ids, pos, _mixing_attention).clone()
-    before_forward()
     return model.forward_hidden(ids, pos, _mixing_attention)
 
 
@@ -227,31 +225,6 @@ def test_the_residual_add_in_the_next_norm_changes_no_bit(tiny):
         base = hidden(False, False)
         for defer, graphed in ((True, False), (True, True), (False, True)):
             torch.testing.assert_close(hidden(defer, graphed), base, atol=0, rtol=0)
-
-
-def test_the_qkv_gemm_normalising_and_rotating_scores_as_the_two_kernels(tiny, monkeypatch):
-    """With ``DecoderLM.rope_gemm`` (FP8's default on the fused path) the QKV GEMM writes q and k
-    normed and rotated (``triton_ops.qkv_rope``, here its torch statement, the device check let
-    through): the same hidden states as cuBLAS's GEMM then ``qk_norm_rope``, eagerly and over the
-    graph runner's segments, in every layer."""
-    model, _ = load_model(tiny, "cpu", torch.float32, "fused", "none")
-    quantize_model(model, fused=True)
-    assert model.rope_gemm
-    calls = []
-    qkv_rope = triton_ops.qkv_rope
-    monkeypatch.setattr(triton_ops, "qkv_rope_supported", lambda *a: True)
-    monkeypatch.setattr(triton_ops, "qkv_rope", lambda *a, **k: calls.append(1) or qkv_rope(*a, **k))
-
-    def hidden(in_gemm: bool, graphed: bool) -> torch.Tensor:
-        model.rope_gemm = in_gemm
-        return _hidden_states(model, graphed, calls.clear)
-
-    with torch.inference_mode():
-        base = hidden(False, False)
-        assert not calls
-        for graphed in (False, True):
-            torch.testing.assert_close(hidden(True, graphed), base, atol=1e-5, rtol=1e-5)
-            assert len(calls) == model.num_layers
 
 
 def test_the_kernels_torch_statements():

@@ -72,7 +72,6 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
         self.one_gemm = one_gemm  # q/k/v as one GEMM and the Triton kernel (after merge_qkv)
         self.in_place = True  # that kernel on the GEMM's output in place (``DecoderLM.qkv_in_place``)
-        self.rope_gemm = False  # the GEMM normalises and rotates q and k itself (``DecoderLM.rope_gemm``)
         self.qkv_proj: tuple[torch.Tensor, torch.Tensor | None] | nn.Module | None = None  # or FP8's
         hidden, bias = config.hidden_size, config.attention_bias
         q_size, kv_size = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
@@ -98,24 +97,6 @@ class Attention(nn.Module):
         if self.qkv_proj is not None:
             hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
             buf = out if isinstance(out, torch.Tensor) else None
-            norms = (
-                (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
-                if self.qk_norm
-                else (None, None, 0.0)
-            )
-            if self._rope_in_gemm(x, out, rope):
-                fp8 = isinstance(self.qkv_proj, nn.Module)
-                xq, w = (x.q, self.qkv_proj.weight) if fp8 else (x, self.qkv_proj[0])
-                kw = {}
-                if fp8:
-                    kw = dict(
-                        x_scale=x.scale, w_scale=self.qkv_proj.weight_scale, out_dtype=self.qkv_proj.out_dtype
-                    )
-                bias = self.qkv_proj.bias if fp8 else self.qkv_proj[1]
-                qkv = triton_ops.qkv_rope(
-                    xq, w, *norms, rope.positions, rope.cache, hq, hkv, d, buf, bias=bias, **kw
-                )  # fmt: skip
-                return triton_ops.qkv_views(qkv, hq, hkv, d)
             if isinstance(self.qkv_proj, nn.Module):  # FP8 (``quant.quantize_model``)
                 qkv = self.qkv_proj(x, out=buf)
             else:
@@ -127,6 +108,11 @@ class Attention(nn.Module):
             if out is None and not self.in_place:
                 out = (qkv.new_empty(T, hq, d), qkv.new_empty(T, hkv, d), qkv.new_empty(T, hkv, d))
             qo, ko, vo = out if isinstance(out, tuple) else (*triton_ops.qkv_views(qkv, hq, hkv, d)[:2], None)
+            norms = (
+                (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
+                if self.qk_norm
+                else (None, None, 0.0)
+            )
             return triton_ops.qk_norm_rope(
                 qkv, *norms, rope.positions, rope.cache, hq, hkv, d, qo, ko, vo,
             )  # fmt: skip
@@ -140,19 +126,6 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rope.apply(q, k, out=None if out is None else (qo, ko))
         return q, k, (v if vo is None else vo.copy_(v))
-
-    def _rope_in_gemm(self, x: torch.Tensor | fp8_kernels.Quantized, out, rope: Rope) -> bool:
-        """Does Triton's ``qkv_rope`` take this call: ``rope_gemm`` on, q, k and v left in one
-        buffer, the merged weight (FP8's with its input quantized) on a device it runs on?"""
-        if not self.rope_gemm or isinstance(out, tuple) or not self.in_place or rope.cache is None:
-            return False
-        if isinstance(self.qkv_proj, nn.Module):
-            if not isinstance(x, fp8_kernels.Quantized):
-                return False
-            x, w = x.q, self.qkv_proj.weight
-        else:
-            w = self.qkv_proj[0]
-        return triton_ops.qkv_rope_supported(x, w, self.num_heads, self.num_kv_heads, self.head_dim)
 
 
 class MLP(nn.Module):
@@ -334,19 +307,6 @@ class DecoderLM(nn.Module):
     def qkv_in_place(self, value: bool) -> None:
         for layer in self.model.layers:
             layer.self_attn.in_place = value
-
-    @property
-    def rope_gemm(self) -> bool:
-        """Does the QKV GEMM normalise and rotate q and k in its epilogue (Triton's ``qkv_rope``, on
-        Hopper, with ``qkv_in_place``) instead of cuBLAS's GEMM and ``qk_norm_rope`` after it? The
-        default with FP8's fused path (``quant.quantize_model``); settable before graphs are built
-        (benchmarks)."""
-        return all(layer.self_attn.rope_gemm for layer in self.model.layers)
-
-    @rope_gemm.setter
-    def rope_gemm(self, value: bool) -> None:
-        for layer in self.model.layers:
-            layer.self_attn.rope_gemm = value
 
     @property
     def swiglu_gemm(self) -> bool:

@@ -182,8 +182,7 @@ def quantize_model(
     in FP8, and their inputs come quantized from the kernels that make them: the hidden-state norms
     (``RMSNorm.quantize``, the post-attention one with the residual add) and SiLU-and-mul
     (``MLP.act``; with ``DecoderLM.swiglu_gemm``, Triton's gate/up + SiLU GEMM on the FP8 operands,
-    then a quantization; with ``DecoderLM.rope_gemm``, Triton's QKV GEMM normalising and rotating q and
-    k in its epilogue); only the attention output is quantized on its own, in one kernel. The
+    then a quantization); only the attention output is quantized on its own, in one kernel. The
     MLP's residual add moves into the next layer's input norm (``DecoderLM.residual_in_norm``).
     Elsewhere q, k and v share one quantization of their input, gate and up another
     (``SharedInput``), and the gate/up + SiLU GEMM is off. Either way the residual adds in the
@@ -217,7 +216,6 @@ def quantize_model(
                     linear.shared = shared
             attn.qkv_proj = None
             mlp.gate_up = None
-    model.rope_gemm = fused
     if not fused:
         model.qkv_in_place = False
         model.swiglu_gemm = False
