@@ -189,37 +189,30 @@ def test_the_fused_path_scores_as_the_linears_one_by_one(tiny):
         )
 
 
-def _mixing_attention(_i, q, k, v, out=None):
-    """A stand-in for attention mixing heads and rows: not the identity."""
-    o = (q + k.repeat_interleave(q.shape[1] // k.shape[1], 1)).roll(1, 0) * 0.5
-    return o if out is None else out.copy_(o)
-
-
-def _hidden_states(model, graphed: bool) -> torch.Tensor:
-    """37 random tokens' last hidden states, eagerly or over the graph runner's segments (run
-    eagerly on the CPU)."""
-    from scorer.models.graphs import GraphedDecoder
-
-    ids = torch.randint(0, VOCAB, (37,), generator=torch.Generator().manual_seed(0))
-    pos = torch.arange(37)
-    if graphed:
-        graphs = GraphedDecoder(model, 64, capture=False)
-        graphs.warm_up()
-        return graphs.forward_hidden(ids, pos, _mixing_attention).clone()
-    return model.forward_hidden(ids, pos, _mixing_attention)
-
-
 def test_the_residual_add_in_the_next_norm_changes_no_bit(tiny):
     """On the fused path each layer's MLP output is added to the residual stream by the next
     layer's input norm (``DecoderLM.residual_in_norm``): the same bf16 sum, so the same hidden
     states to the bit as with the add on its own, eagerly and over the graph runner's segments."""
+    from scorer.models.graphs import GraphedDecoder
+
     model, _ = load_model(tiny, "cpu", torch.bfloat16, "fused", "none")
     quantize_model(model, fused=True)
     assert model.residual_in_norm and all(x.defers_residual for x in model.model.layers)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, VOCAB, (37,), generator=gen)
+    pos = torch.arange(37)
+
+    def attn(_i, q, k, v, out=None):  # a stand-in mixing heads and rows: not the identity
+        o = (q + k.repeat_interleave(q.shape[1] // k.shape[1], 1)).roll(1, 0) * 0.5
+        return o if out is None else out.copy_(o)
 
     def hidden(defer: bool, graphed: bool) -> torch.Tensor:
         model.residual_in_norm = defer
-        return _hidden_states(model, graphed)
+        if graphed:
+            graphs = GraphedDecoder(model, 64, capture=False)
+            graphs.warm_up()
+            return graphs.forward_hidden(ids, pos, attn).clone()
+        return model.forward_hidden(ids, pos, attn)
 
     with torch.inference_mode():
         base = hidden(False, False)
