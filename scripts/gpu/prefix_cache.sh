@@ -9,9 +9,8 @@
 #       configurations, and their ratio; CACHE_ARGS: more flags for the cached server; CONFIGS="cache admit2
 #       nocache" adds a cached server with --prefix-cache-admit 2 (drepeat_admit2_summary.json)   (~4 min)
 #   bash scripts/gpu/prefix_cache.sh profile [seconds]   the cached server of `served` at RATES (default
-#       140,180 calls/s): the load tool's stage means, the GPU's busy share (nvidia-smi, every 50 ms) and
-#       py-spy's samples of every server process (engine and front ends; --format raw, by thread), one
-#       file a rate: where the replica's time goes at its knee. Needs .wheels/ (scripts/gpu/wheels.sh)  (~2 min)
+#       140,180 calls/s): the load tool's stage means and batches, and the GPU's busy share (nvidia-smi,
+#       every 50 ms): where the replica's time goes at its knee                              (~2 min)
 #   bash scripts/gpu/prefix_cache.sh states   the serving engine's docs/s on batches of 3 and 11 E
 #       calls by what the cache does with their prompts (off, new, insert, hit; cache_probe.py) (~2 min)
 #   bash scripts/gpu/prefix_cache.sh hits     small A and A-text batches: a hit read against its prompt
@@ -19,29 +18,23 @@
 source scripts/gpu/env.sh
 SECS="${2:-4}"
 
-profile_drepeat() {  # CKPT SECS: the cached server at each of RATES, sampled while it runs
-  use_wheels
-  command -v py-spy >/dev/null || { echo "no py-spy: bash scripts/gpu/wheels.sh, carry .wheels" >&2; return 1; }
+profile_drepeat() {  # CKPT SECS: the cached server at each of RATES, its GPU sampled while it runs
   read -ra extra <<< "${CACHE_ARGS:-}"
   taskset -c 4-15 python3 -m scorer serve --model "$1" --port 50051 --metrics-port 9464 "${extra[@]}" \
     >"$OUT/server-profile.log" 2>&1 &
-  local pid=$! r smi spy
+  local pid=$! r smi
   python3 scripts/gpu/wait_serving.py $pid || { tail -20 "$OUT/server-profile.log"; kill $pid; return 1; }
   local rates="${RATES:-140,180}"
   for r in ${rates//,/ }; do
-      nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 50 >"$OUT/util-$r.txt" &
-      smi=$!
-      (sleep 2 && py-spy record --pid $pid --subprocesses --threads --nonblocking --rate 200 \
-        --duration $(( $2 - 3 )) --format raw -o "$OUT/pyspy-$r.txt" >/dev/null 2>&1) &
-      spy=$!
-      taskset -c 0-3 python3 -m loadtest.run --target 127.0.0.1:50051 --requests /tmp/drep.jsonl \
-        --rate "$r" --schemes auto --duration "$2" --warmup 1 --deadline-ms 2000 --quiet --no-samples \
-        --metrics-url http://127.0.0.1:9464/metrics --out "$OUT/profile-$r" 2>&1 | tail -3
-      wait $spy
-      kill $smi
-      grep -h "On the server" "$OUT/profile-$r/report.md"
-      awk '{s+=$1; n++} END {printf "GPU busy (nvidia-smi, 50 ms samples): %.1f%% mean over %d samples\n", s/n, n}' \
-        "$OUT/util-$r.txt"
+    nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 50 >"$OUT/util-$r.txt" &
+    smi=$!
+    taskset -c 0-3 python3 -m loadtest.run --target 127.0.0.1:50051 --requests /tmp/drep.jsonl \
+      --rate "$r" --schemes auto --duration "$2" --warmup 1 --deadline-ms 2000 --quiet --no-samples \
+      --metrics-url http://127.0.0.1:9464/metrics --out "$OUT/profile-$r" 2>&1 | tail -3
+    kill $smi
+    grep -h "On the server" "$OUT/profile-$r/report.md"
+    awk '{s+=$1; n++} END {printf "GPU busy (nvidia-smi, 50 ms samples): %.1f%% mean over %d samples\n", s/n, n}' \
+      "$OUT/util-$r.txt"
   done
   kill -TERM $pid
   wait $pid
@@ -59,7 +52,10 @@ served | profile)
   # bench/host_path.py's LONG_GEN: the workload the CPU's host-path benchmarks run
   python3 -m loadtest.gen --out /tmp/drep.jsonl --requests 1000 --docs 32 --prompt-tokens 8000 \
     --doc-tokens fixed:4 --token-ids --prompt-reuse 10 --template plain --seed 3
-  [ "$1" = profile ] && profile_drepeat "$CKPT" "$SECS" && exit 0
+  if [ "$1" = profile ]; then
+    profile_drepeat "$CKPT" "$SECS"
+    exit $?
+  fi
   for cfg in ${CONFIGS:-cache nocache}; do
     read -ra extra <<< "${CACHE_ARGS:-}"  # e.g. CACHE_ARGS="--prefix-cache-admit 1"
     rates="${CACHE_RATES:-60,100,130,145,160,175,190,220,260}"  # fine near the ~145 calls/s knee
