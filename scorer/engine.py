@@ -197,10 +197,11 @@ class Engine(Tokenizing):
     def device(self) -> torch.device:
         return self.runner.device
 
-    def peeked(self, job: Job) -> Job:
+    def peeked(self, job: Job, seen: tuple[int, tuple] | None = None) -> Job:
         """``job``, tokenized where the prefix cache is not (a front-end process), with what the
-        cache holds of its prompt now: ``auto`` decides on the uncached shape, as it would here."""
-        cached, hint = self.peek(job.prefix_ids, job.options)
+        cache holds of its prompt now (``seen``: that peek, made already): ``auto`` decides on the
+        cached shape, as it would here."""
+        cached, hint = seen or self.peek(job.prefix_ids, job.options)
         if not cached:
             return job
         shape = replace(job.shape, cached=cached)
@@ -212,6 +213,18 @@ class Engine(Tokenizing):
         return replace(
             job, shape=shape, scheme=scheme, group_size=group, tokens=scheme.rows(shape), cache_hint=hint
         )
+
+    def repeeked(self, job: Job) -> Job:
+        """``peeked`` again for a queued job of which the cache held less than its whole prompt
+        (``PrefixCache.peek`` leaves the last block to compute) when it arrived: calls queued
+        behind their prompt's first call, which indexes the prompt's blocks when its batch is
+        planned, count their uncached rows against the batch budget and run the cached shape's
+        scheme. The same job when nothing more is cached."""
+        s = job.shape
+        if job.options.prefix_cache == "off" or s.prefix_len - s.cached <= self.cache.block:
+            return job
+        seen = self.peek(job.prefix_ids, job.options)
+        return job if seen[0] <= s.cached else self.peeked(job, seen)
 
     def plan(self, jobs: Sequence[Job], cached: Sequence[int] | None = None) -> Plan:
         """One checked plan for the batch (see ``planning.plan_batch``); ``cached`` (a plan for

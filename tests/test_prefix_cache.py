@@ -596,3 +596,22 @@ def test_graph_segments_write_the_pool_themselves(off, monkeypatch):
     big = request(context, [[rng.randrange(VOCAB) for _ in range(60)] for _ in range(3)], "ragged")
     assert_close(on.score(big), off.score(big))
     assert copies and runner.graphs.stats["eager_forwards"] > 0
+
+
+def test_a_call_queued_behind_its_prompts_first_call_is_counted_as_a_hit_once_that_one_is_planned(off):
+    """Calls tokenized while their prompt's first call is still queued find nothing cached and
+    count their whole prompt. ``repeeked`` (asked by the batcher as it cuts a batch) finds the
+    blocks that call's planned batch indexed: the call then counts only its uncached rows, keeps
+    its scores, and a call off the cache or already counted as cached is the same job."""
+    engine = cached_engine(off, 4096)
+    prompt = [5 + i % 90 for i in range(10 * BLOCK + 3)]
+    first, later = (engine.tokenize(request(prompt, [[7, 8], [9]])) for _ in range(2))
+    unused = engine.tokenize(request(prompt, [[7, 8]], prefix_cache="off"))
+    assert later.shape.cached == 0 and later.tokens == len(prompt) + 3
+    assert engine.repeeked(later) is later  # nothing cached yet
+    collect = engine.launch([first])  # plans: indexes the prompt's blocks
+    again = engine.repeeked(later)
+    assert again.shape.cached == 10 * BLOCK and again.tokens == 3 + 3
+    assert engine.repeeked(again) is again and engine.repeeked(unused) is unused
+    collect()
+    assert_close(engine.score_batch([again])[0], off.score(later.request))

@@ -212,12 +212,20 @@ class _Flight:
 
 class Batcher:
     """``clock``: seconds on the clock of the calls' deadlines (``time.monotonic``); a test drives
-    its own, so that what the batcher measures and decides does not hang on the machine's load."""
+    its own, so that what the batcher measures and decides does not hang on the machine's load.
+    ``refresh``: a queued call's Job as it would be made now, asked as the call is considered for a
+    batch (``Engine.repeeked``: a prompt whose first call was planned after this one arrived is
+    read from the prefix cache, and the call counts only the rows it computes against the budget)."""
 
     def __init__(
-        self, score: ScoreFn, policy: BatchPolicy, clock: Callable[[], float] = time.monotonic
+        self,
+        score: ScoreFn,
+        policy: BatchPolicy,
+        clock: Callable[[], float] = time.monotonic,
+        refresh: Callable[[Job], Job] | None = None,
     ) -> None:
         self._score = score
+        self._refresh = refresh
         self.policy = policy
         self._clock = clock
         self._pending: deque[_Queued] = deque()
@@ -364,6 +372,8 @@ class Batcher:
                 continue
             failure: Exception | None = None
             try:
+                if self._refresh is not None:
+                    job.job = self._refresh(job.job)
                 reason = (
                     "deadline"
                     if job.expired(now)

@@ -109,7 +109,7 @@ class ScoringService(TokenizingService):
         if knobs is not None and knobs.active:
             log.warning("test knobs active: %s", knobs)
             score = with_faults(score, knobs)
-        self.batcher = Batcher(score, policy)
+        self.batcher = Batcher(score, policy, refresh=engine.repeeked if engine.cache is not None else None)
 
     @property
     def info(self) -> EngineInfo:

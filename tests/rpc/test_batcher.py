@@ -107,6 +107,29 @@ def test_queued_calls_merge_in_arrival_order_up_to_the_token_budget():
     assert forward.batches == [["c0", "c1"], ["c2", "c3"], ["c4"]]
 
 
+def test_a_queued_call_is_counted_as_refresh_makes_it_when_a_batch_is_cut():
+    """``refresh`` (the engine's prefix-cache peek) is asked for each call as it is considered for a
+    batch: calls that arrived counting 100 tokens and count 10 by then (their prompt cached since)
+    fill a 250-token batch five at a time; the forward gets the refreshed jobs."""
+    forward = FakeForward()
+    asked = []
+
+    def refresh(job: Job) -> Job:
+        asked.append(job.request.prompt)
+        return call(10, job.request.prompt)
+
+    async def scenario():
+        batcher = Batcher(forward, BatchPolicy(max_batch_tokens=250, max_wait_s=0.05), refresh=refresh)
+        batcher.start()
+        scored = await asyncio.gather(*(batcher.submit(call(100, f"c{i}"), None, f"c{i}") for i in range(5)))
+        await batcher.close()
+        assert [s.batch_requests for s in scored] == [5] * 5
+
+    run(scenario)
+    assert forward.batches == [[f"c{i}" for i in range(5)]]
+    assert sorted(set(asked)) == [f"c{i}" for i in range(5)]
+
+
 def test_a_call_over_the_budget_runs_alone_and_a_lone_call_on_an_idle_engine_runs_at_once():
     forward = FakeForward()
 
