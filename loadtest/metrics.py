@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 import urllib.request
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -108,18 +109,35 @@ def scrape(url: str, timeout: float = 5.0, api: str | None = None) -> ServerCoun
 
 
 def scrape_settled(
-    url: str, expected: int, before: ServerCounts, wait_s: float = 5.0, api: str | None = None
+    url: str,
+    expected: int,
+    before: ServerCounts,
+    wait_s: float = 5.0,
+    api: str | None = None,
+    most_s: float = 120.0,
+    read: Callable[[], ServerCounts] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> ServerCounts:
-    """Scrape until the server has answered ``expected`` calls since ``before`` or ``wait_s`` passes.
+    """Scrape until the server has answered ``expected`` calls since ``before``, or has answered
+    none for ``wait_s`` (``most_s`` at most).
 
-    Calls the client gave up on (deadline) may still be finishing on the server when the run ends.
+    Calls the client gave up on (deadline) may still be finishing on the server when the run ends:
+    an overloaded server answers them a batch at a time, which can take longer than ``wait_s`` in
+    all, so the wait restarts with each answer. ``read``, ``clock`` and ``sleep``: the scrape (of
+    ``url`` by default) and time, for tests.
     """
-    deadline = time.monotonic() + wait_s
+    read = read or (lambda: scrape(url, api=api))
+    start = last = clock()
+    answered = -1.0
     while True:
-        delta = scrape(url, api=api).minus(before)
-        if delta.requests >= expected or time.monotonic() >= deadline:
+        delta = read().minus(before)
+        now = clock()
+        if delta.requests > answered:
+            answered, last = delta.requests, now
+        if delta.requests >= expected or now - last >= wait_s or now - start >= most_s:
             return delta
-        time.sleep(0.1)
+        sleep(0.1)
 
 
 DEADLINE_OR_CANCELLED = "DEADLINE_EXCEEDED/CANCELLED"

@@ -262,6 +262,47 @@ def test_metrics_parse_and_reconcile() -> None:
     assert not rec["matched"] and rec["explained"] and "1 call(s)" in rec["verdict"], rec
 
 
+def test_the_final_scrape_waits_while_an_overloaded_server_still_answers_calls() -> None:
+    """Calls the client gave up on finish on the server a batch at a time: the scrape waits as long
+    as answers keep coming (each batch 4 s apart, longer than ``wait_s``), stops once the server
+    has answered every call, and gives up ``wait_s`` after the last answer, or at ``most_s``. The
+    clock is the test's: no sleeping."""
+    now = [0.0]
+
+    def clock() -> float:
+        return now[0]
+
+    def sleep(s: float) -> None:
+        now[0] += s
+
+    def server(answered_at: list[float]):
+        def read() -> lm.ServerCounts:
+            done = sum(t <= now[0] for t in answered_at)
+            return lm.parse(f'scorer_requests_total{{code="OK"}} {done}\n')
+
+        return read
+
+    batches = [0.0, 4.0, 8.0, 12.0]  # four calls, one a batch, 4 s apart
+    got = lm.scrape_settled(
+        "", 4, lm.ServerCounts(), wait_s=5.0, read=server(batches), clock=clock, sleep=sleep
+    )
+    assert got.requests == 4 and 12.0 <= now[0] < 12.2
+
+    now[0] = 0.0
+    stalled = [0.0, 1.0]  # two of the four calls ever answered
+    got = lm.scrape_settled(
+        "", 4, lm.ServerCounts(), wait_s=5.0, read=server(stalled), clock=clock, sleep=sleep
+    )
+    assert got.requests == 2 and 6.0 <= now[0] < 6.2
+
+    now[0] = 0.0
+    endless = [0.5 * i for i in range(1, 1000)]  # answers keep coming, never the expected count
+    got = lm.scrape_settled(
+        "", 10_000, lm.ServerCounts(), wait_s=5.0, most_s=30.0, read=server(endless), clock=clock, sleep=sleep
+    )
+    assert 30.0 <= now[0] < 30.2 and got.requests < 10_000
+
+
 def test_a_run_reports_where_the_server_spent_a_call_s_time_and_its_batches(capsys) -> None:
     """The stage histograms' and batch histograms' sums and counts, differenced over the run: mean ms
     a call spent queued and in its batch's forward, and the batches' mean calls and tokens."""
