@@ -48,6 +48,7 @@ import torch
 
 from .. import metrics
 from ..engine import ScoreResult
+from ..prefix_cache import as_ids
 from ..request import Job
 
 log = logging.getLogger(__name__)
@@ -213,9 +214,11 @@ class _Flight:
 class Batcher:
     """``clock``: seconds on the clock of the calls' deadlines (``time.monotonic``); a test drives
     its own, so that what the batcher measures and decides does not hang on the machine's load.
-    ``refresh``: a queued call's Job as it would be made now, asked as the call is considered for a
-    batch (``Engine.repeeked``: a prompt whose first call was planned after this one arrived is
-    read from the prefix cache, and the call counts only the rows it computes against the budget)."""
+    ``refresh``: a queued call's Job as it would be made now (``Engine.repeeked``: a prompt whose
+    first call was planned after this one arrived is read from the prefix cache, and the call counts
+    only the rows it computes), asked as the call is considered for a batch, and for the queued
+    calls with the prompt of a call just launched (whose plan indexed it), so that the queue's token
+    count, which admission's estimate and the wait for company read, is what the calls compute."""
 
     def __init__(
         self,
@@ -464,6 +467,7 @@ class Batcher:
                 self._landed(flight)
                 self._slots.release()
             return
+        self._refresh_queued(jobs)
         if inline and not self._pending and predicted - (self._clock() - started) <= INLINE_WAIT_S:
             metrics.INLINE_BATCHES.inc()
             await self._collect(batch, collect, flight, inline=True)
@@ -471,6 +475,19 @@ class Batcher:
         task = loop.create_task(self._collect(batch, collect, flight))
         self._collecting.add(task)
         task.add_done_callback(self._collecting.discard)
+
+    def _refresh_queued(self, launched: list[Job]) -> None:
+        """``refresh`` the queued calls whose prompt (and cache salt) is a just-launched call's,
+        found by the prompt's digest, which a call keeps once its arrival's peek made it."""
+        if self._refresh is None or not self._pending:
+            return
+        try:
+            prompts = {_prompt(j) for j in launched}
+            for queued in self._pending:
+                if _prompt(queued.job) in prompts:
+                    queued.job = self._refresh(queued.job)
+        except Exception:  # the counts stay as they were; the cut asks again
+            log.exception("refreshing the queued calls failed")
 
     async def _collect(
         self,
@@ -548,6 +565,11 @@ class Batcher:
         for job, result in zip(batch, results, strict=True):
             metrics.STAGE_DURATION.labels(stage="forward").observe(forward_s)
             _settle(job, Scored(result, started - job.enqueued, forward_s, len(batch)))
+
+
+def _prompt(job: Job) -> tuple[str, int, bytes]:
+    ids = as_ids(job.prefix_ids)
+    return job.options.cache_salt, len(ids), ids.digest()
 
 
 def _settle(job: _Queued, outcome: Scored | BaseException) -> None:

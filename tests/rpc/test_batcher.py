@@ -6,6 +6,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 import torch
@@ -128,6 +129,45 @@ def test_a_queued_call_is_counted_as_refresh_makes_it_when_a_batch_is_cut():
     run(scenario)
     assert forward.batches == [[f"c{i}" for i in range(5)]]
     assert sorted(set(asked)) == [f"c{i}" for i in range(5)]
+
+
+def test_the_queued_calls_of_a_launched_call_s_prompt_are_refreshed_when_it_is_launched():
+    """A launch plans its calls' prompts into the prefix cache: the queued calls with the same prompt
+    (a1, a2, behind a0) are refreshed then, before any batch is cut (both slots held by batches on
+    the device), so the queue counts what they compute; a call of another prompt (b0) is not."""
+    forward = SlowDevice()
+    asked: list[str] = []
+
+    def refresh(job: Job) -> Job:  # the prompt cached: 10 rows left to compute
+        asked.append(job.request.prompt)
+        return replace(job, tokens=10)
+
+    async def scenario():
+        batcher = Batcher(forward, BatchPolicy(max_batch_tokens=1000, max_wait_s=0), refresh=refresh)
+        batcher.start()
+        x0 = asyncio.ensure_future(batcher.submit(call(50, "x0"), None, "x0"))
+        await until(lambda: forward.batches == [["x0"]])  # on the device until on_device opens
+        forward.gate.clear()
+        a0 = asyncio.ensure_future(batcher.submit(call(100, "a0"), None, "a0"))
+        await until(lambda: forward.started == ["x0", "a0"])  # launching, held at the gate
+        asked.clear()  # each was asked as its batch was cut
+        queued = [
+            asyncio.ensure_future(batcher.submit(job, None, job.request.prompt))
+            for job in (call(100, "a1"), call(100, "a2"), call(120, "b0"))
+        ]
+        await until(lambda: batcher.depth == 3)
+        assert asked == [] and [q.tokens for q in batcher._pending] == [100, 100, 120]
+        forward.gate.set()
+        await until(lambda: forward.batches == [["x0"], ["a0"]] and asked)
+        await asyncio.sleep(0)
+        assert asked == ["a1", "a2"] and forward.started == ["x0", "a0"]  # no batch cut since
+        assert [q.tokens for q in batcher._pending] == [10, 10, 120]
+        forward.on_device.set()
+        await asyncio.gather(x0, a0, *queued)
+        await batcher.close()
+
+    run(scenario)
+    assert forward.batches[2:] == [["a1", "a2", "b0"]]
 
 
 def test_a_call_over_the_budget_runs_alone_and_a_lone_call_on_an_idle_engine_runs_at_once():
