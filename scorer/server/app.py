@@ -18,7 +18,7 @@ from grpc_health.v1.health import aio as health_aio
 
 from ..attention import BackendUnavailable
 from ..settings import SERVE, Settings, from_args
-from . import loops
+from . import loops, stacks
 from .frontends import frontend_count, serve_split
 from .handler import CallHandler
 from .lifecycle import (
@@ -51,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
         log.error("%s", e)
         return 2
     configure_logging(settings.log_level)
+    stacks.from_environment()  # SCORER_STACK_SAMPLES: where this process's threads spend their time
     try:
         return loops.run(serve(settings), settings.busy_poll_ms / 1e3)
     except CannotListen as e:

@@ -10,7 +10,8 @@
 #       nocache" adds a cached server with --prefix-cache-admit 2 (drepeat_admit2_summary.json)   (~4 min)
 #   bash scripts/gpu/prefix_cache.sh profile [seconds]   the cached server of `served` at RATES (default
 #       140,180 calls/s): the load tool's stage means and batches, and the GPU's busy share (nvidia-smi,
-#       every 50 ms): where the replica's time goes at its knee                              (~2 min)
+#       every 50 ms): where the replica's time goes at its knee; STACKS=1 also samples the server's
+#       threads' stacks (stacks_summary.txt)                                                 (~2 min)
 #   bash scripts/gpu/prefix_cache.sh states   the serving engine's docs/s on batches of 3 and 11 E
 #       calls by what the cache does with their prompts (off, new, insert, hit; cache_probe.py) (~2 min)
 #   bash scripts/gpu/prefix_cache.sh hits     small A and A-text batches: a hit read against its prompt
@@ -20,6 +21,8 @@ SECS="${2:-4}"
 
 profile_drepeat() {  # CKPT SECS: the cached server at each of RATES, its GPU sampled while it runs
   read -ra extra <<< "${CACHE_ARGS:-}"
+  # STACKS=1: the server's threads sampled every 2 ms (scorer/server/stacks.py), summarized at the end
+  [ "${STACKS:-0}" = 1 ] && export SCORER_STACK_SAMPLES="$OUT/stacks.txt"
   taskset -c 4-15 python3 -m scorer serve --model "$1" --port 50051 --metrics-port 9464 "${extra[@]}" \
     >"$OUT/server-profile.log" 2>&1 &
   local pid=$! r smi
@@ -38,6 +41,7 @@ profile_drepeat() {  # CKPT SECS: the cached server at each of RATES, its GPU sa
   done
   kill -TERM $pid
   wait $pid
+  [ -f "$OUT/stacks.txt" ] && python3 scripts/gpu/stacks_summary.py "$OUT/stacks.txt" 15 | tee "$OUT/stacks_summary.txt"
   (cd "$OUT" && tar czf profile.tgz profile-*/ util-*.txt && rm -r profile-*/ util-*.txt)
 }
 case "$1" in
