@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import selectors
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -26,20 +26,24 @@ class BusyPollSelector(selectors.DefaultSelector):
     """``select`` polls without sleeping for ``spin_s`` after the last I/O it returned (a timer due
     sooner ends the poll at the timer, as a sleep would), then sleeps as usual."""
 
-    def __init__(self, spin_s: float) -> None:
+    def __init__(self, spin_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
-        self.spin_s = spin_s
+        self.spin_s, self._clock = spin_s, clock
         self._last_io = -float("inf")
 
+    def _look(self, timeout: float | None):
+        """The plain selector's select: a poll with 0, a sleep otherwise."""
+        return super().select(timeout)
+
     def select(self, timeout: float | None = None):
-        now = time.monotonic()
+        now = self._clock()
         spin_until = self._last_io + self.spin_s
         if (timeout is None or timeout > 0) and now < spin_until:
             deadline = None if timeout is None else now + timeout
             end = spin_until if deadline is None else min(spin_until, deadline)
             while True:
-                ready = super().select(0)
-                now = time.monotonic()
+                ready = self._look(0)
+                now = self._clock()
                 if ready:
                     self._last_io = now
                     return ready
@@ -48,9 +52,9 @@ class BusyPollSelector(selectors.DefaultSelector):
             if deadline is not None and now >= deadline:
                 return []  # the timer the loop would have slept until is due
             timeout = None if deadline is None else deadline - now
-        ready = super().select(timeout)
+        ready = self._look(timeout)
         if ready:
-            self._last_io = time.monotonic()
+            self._last_io = self._clock()
         return ready
 
 

@@ -1,75 +1,79 @@
 """``--busy-poll-ms``: the event loop polls without sleeping for a while after its last I/O
-(scorer/server/loops.py). Polling shows as the thread's CPU time; a sleep takes none."""
+(scorer/server/loops.py). The selector runs on a driven clock: each poll takes a millisecond, a
+sleep takes its whole timeout (or until a scripted event), so what it does is decided by its own
+calls, not by the host's timing."""
 
 from __future__ import annotations
 
 import asyncio
-import selectors
-import socket
-import threading
-import time
-
-import pytest
 
 from scorer.server import loops
 
-
-@pytest.fixture
-def pair():
-    a, b = socket.socketpair()
-    a.setblocking(False)
-    yield a, b
-    a.close()
-    b.close()
+POLL_S = 0.001
 
 
-def timed_select(selector, timeout):
-    """(ready, wall seconds, this thread's CPU seconds) of one select."""
-    wall, cpu = time.monotonic(), time.thread_time()
-    ready = selector.select(timeout)
-    return ready, time.monotonic() - wall, time.thread_time() - cpu
+class ScriptedSelector(loops.BusyPollSelector):
+    """Records each look as ("poll",) or ("sleep", timeout); ``events`` are times at which I/O
+    becomes ready."""
+
+    def __init__(self, spin_s: float, events=()) -> None:
+        self.now = 100.0
+        super().__init__(spin_s, clock=lambda: self.now)
+        self.events = sorted(events)
+        self.looks: list[tuple] = []
+
+    def _look(self, timeout):
+        if timeout == 0:
+            self.looks.append(("poll",))
+            self.now += POLL_S
+        else:
+            self.looks.append(("sleep", timeout))
+            wake = self.now + timeout if timeout is not None else float("inf")
+            self.now = min([wake, *self.events[:1]])
+        if self.events and self.events[0] <= self.now:
+            self.events.pop(0)
+            return ["ready"]
+        return []
 
 
-def write_later(sock: socket.socket, delay: float) -> threading.Thread:
-    thread = threading.Thread(target=lambda: (time.sleep(delay), sock.send(b"x")))
-    thread.start()
-    return thread
-
-
-def test_after_io_the_selector_polls_until_a_due_timer_and_sleeps_once_the_spin_is_over(pair):
-    a, b = pair
-    selector = loops.BusyPollSelector(spin_s=0.3)
-    selector.register(a, selectors.EVENT_READ)
-    ready, _, cpu = timed_select(selector, 0.1)  # no I/O seen yet: a plain sleep
-    assert ready == [] and cpu < 0.03
-    b.send(b"x")
-    assert len(selector.select(1.0)) == 1
-    a.recv(1)
-    ready, wall, cpu = timed_select(selector, 0.1)  # within the spin: polls until the timer is due
-    assert ready == [] and 0.09 <= wall < 0.25 and cpu > 0.5 * wall
-    time.sleep(0.3)  # the spin is over
-    ready, wall, cpu = timed_select(selector, 0.1)
-    assert ready == [] and wall >= 0.09 and cpu < 0.03
+def test_before_any_io_a_select_sleeps_once_as_the_plain_selector_would():
+    selector = ScriptedSelector(spin_s=0.3)
+    assert selector.select(0.1) == []
+    assert selector.looks == [("sleep", 0.1)]
     selector.close()
 
 
-def test_io_arriving_during_the_spin_is_read_and_the_spin_then_gives_way_to_a_sleep(pair):
-    a, b = pair
-    selector = loops.BusyPollSelector(spin_s=0.05)
-    selector.register(a, selectors.EVENT_READ)
-    b.send(b"x")
+def test_after_io_the_selector_polls_until_a_due_timer_and_sleeps_once_the_spin_is_over():
+    selector = ScriptedSelector(spin_s=0.3, events=[100.0])
+    assert selector.select(1.0) == ["ready"]  # the I/O that starts the spin
+    selector.looks.clear()
+    assert selector.select(0.1) == []  # within the spin: polls until the timer is due, no sleep
+    assert set(selector.looks) == {("poll",)} and 95 <= len(selector.looks) <= 101
+    selector.now += 0.3  # the spin is over
+    selector.looks.clear()
+    assert selector.select(0.1) == [] and selector.looks == [("sleep", 0.1)]
+    selector.close()
+
+
+def test_io_arriving_during_the_spin_is_read_at_once_and_restarts_the_spin():
+    selector = ScriptedSelector(spin_s=0.05, events=[100.0, 100.02, 100.09])
+    assert selector.select(None) == ["ready"]
+    selector.looks.clear()
+    assert selector.select(None) == ["ready"]  # the write 20 ms in: found by a poll
+    assert set(selector.looks) == {("poll",)} and abs(selector.now - 100.02) < 2 * POLL_S
+    selector.looks.clear()
+    # the next write is 70 ms later: polls 50 ms from the last I/O, then sleeps until the write
+    assert selector.select(None) == ["ready"]
+    assert selector.looks[-1] == ("sleep", None) and set(selector.looks[:-1]) == {("poll",)}
+    assert 45 <= len(selector.looks) - 1 <= 51
+    selector.close()
+
+
+def test_a_zero_timeout_only_looks_even_within_the_spin():
+    selector = ScriptedSelector(spin_s=0.3, events=[100.0])
     selector.select(None)
-    a.recv(1)
-    writer = write_later(b, 0.02)  # within the spin
-    ready, wall, cpu = timed_select(selector, None)
-    writer.join()
-    assert len(ready) == 1 and wall < 0.045 and cpu > 0.5 * wall
-    a.recv(1)
-    writer = write_later(b, 0.3)  # after it: polls 50 ms, then sleeps until the write
-    ready, wall, cpu = timed_select(selector, None)
-    writer.join()
-    assert len(ready) == 1 and wall >= 0.28 and cpu < 0.2
-    assert selector.select(0) == ready  # a zero timeout only looks
+    selector.looks.clear()
+    assert selector.select(0) == [] and selector.looks == [("poll",)]
     selector.close()
 
 
