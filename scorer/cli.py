@@ -36,11 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         if args.http_port and importlib.util.find_spec("fastapi") is None:
             parser.error("--http-port needs the HTTP extra: pip install 'scorer[http]'")
-        try:
-            from .server import app
-        except ImportError as e:  # the gRPC server is not part of this build
-            parser.error(f"the gRPC server is not available in this build ({e})")
-        return app.run(args)
+        from .server import run
+
+        return run(args)
     return _score(args)
 
 

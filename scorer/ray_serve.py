@@ -34,13 +34,13 @@ from ray.serve.grpc_util import RayServegRPCContext
 from ray.serve.handle import DeploymentHandle
 
 from . import metrics
-from .server.calls import RequestIdFilter
+from .server.calls import LOG_FORMAT, RequestIdFilter
 from .server.engine_process import EngineProcess
 from .server.frontend_process import RemoteScoring, attach
 from .server.frontends import on_gpu
 from .server.handler import CallHandler, Metadata, earliest, expired_code, sent_timeout
 from .server.http import build_app as build_http_app
-from .server.lifecycle import LOG_FORMAT, SCORER_SERVICE, batch_policy, debug_knobs
+from .server.lifecycle import SCORER_SERVICE, batch_policy, debug_knobs
 from .server.link import FrontLink
 from .server.scoring import ScoringService, freeze_heap, process_age_s, ready_engine
 from .settings import Settings, scorer_args_model

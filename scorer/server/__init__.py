@@ -1,5 +1,32 @@
-"""The gRPC server (``scorer serve``): front end, call handler, batcher, lifecycle."""
+"""The gRPC server (``scorer serve``): front end, call handler, batcher, lifecycle.
 
-from .app import run
+``run`` checks the settings before torch, transformers and gRPC are imported (``app``): a flag that
+cannot work is refused in about a second, not after the several seconds those imports take."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until SIGTERM or SIGINT; returns the exit code (2: a setting that cannot work)."""
+    from ..settings import SERVE, from_args
+    from .calls import configure_logging
+
+    configure_logging("INFO")
+    log = logging.getLogger("scorer.server")
+    try:
+        settings = from_args(args, SERVE)
+    except ValueError as e:
+        log.error("%s", e)
+        return 2
+    try:
+        from . import app
+    except ImportError as e:  # gRPC's generated stubs refuse an older grpcio or protobuf runtime
+        log.error("the server cannot start: %s", e)
+        return 2
+    return app.run(settings)
+
 
 __all__ = ["run"]

@@ -4,7 +4,7 @@ import argparse
 import sys
 
 from ..settings import SERVE, add_arguments
-from .app import run
+from . import run
 
 if __name__ == "__main__":  # not when multiprocessing's spawn imports it (a front-end process)
     parser = argparse.ArgumentParser(prog="python -m scorer.server", description=__doc__)

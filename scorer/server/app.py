@@ -11,14 +11,14 @@ handler: /health answers 503 until SERVING and again from the signal on.
 
 from __future__ import annotations
 
-import argparse
 import logging
 
 from grpc_health.v1.health import aio as health_aio
 
 from ..attention import BackendUnavailable
-from ..settings import SERVE, Settings, from_args
+from ..settings import Settings
 from . import loops, stacks
+from .calls import configure_logging
 from .frontends import frontend_count, serve_split
 from .handler import CallHandler
 from .lifecycle import (
@@ -26,7 +26,6 @@ from .lifecycle import (
     SERVING,
     CannotListen,
     Signals,
-    configure_logging,
     drain,
     grpc_server,
     listen_http,
@@ -42,14 +41,9 @@ from .servicer import ScorerServicer
 log = logging.getLogger("scorer.server")
 
 
-def run(args: argparse.Namespace) -> int:
-    """Serve until SIGTERM or SIGINT; returns the exit code (2: a setting that cannot work)."""
-    configure_logging("INFO")
-    try:
-        settings = from_args(args, SERVE)
-    except ValueError as e:
-        log.error("%s", e)
-        return 2
+def run(settings: Settings) -> int:
+    """Serve until SIGTERM or SIGINT; returns the exit code (2: a port or backend that cannot
+    work). ``scorer.server.run`` checks the settings first."""
     configure_logging(settings.log_level)
     stacks.from_environment()  # SCORER_STACK_SAMPLES: where this process's threads spend their time
     try:

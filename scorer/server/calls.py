@@ -15,8 +15,10 @@ from dataclasses import dataclass, field
 
 from .. import metrics
 from ..metrics import UNRESOLVED_SCHEME
+from .limits import limit_accept_log
 
 NO_REQUEST = "-"
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s request_id=%(request_id)s %(message)s"
 
 
 @dataclass
@@ -57,6 +59,16 @@ class RequestIdFilter(logging.Filter):
             call = _current.get()
             record.request_id = call.request_id if call else NO_REQUEST
         return True
+
+
+def configure_logging(level: str, prefix: str = "") -> None:
+    """The servers' log lines, each with its call's request id; ``prefix``: what starts each line
+    (a front-end process's name)."""
+    handler = logging.StreamHandler()
+    handler.addFilter(RequestIdFilter())
+    handler.setFormatter(logging.Formatter(prefix + LOG_FORMAT))
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    limit_accept_log()  # out of descriptors, asyncio logs each failed accept: one line per 10 s instead
 
 
 class Inflight:

@@ -13,8 +13,9 @@ import time
 
 from ..planning.schemes import import_plugins, plugin_modules
 from ..settings import Settings
+from .calls import configure_logging
 from .frontend_process import RemoteScoring, attach
-from .lifecycle import batch_policy, configure_logging, debug_knobs
+from .lifecycle import batch_policy, debug_knobs
 from .link import EngineLink, FrontLink, frontend_identity
 from .scoring import ScoringService, ready_engine
 

@@ -20,11 +20,11 @@ from ..request import Job
 from ..settings import Settings
 from . import loops
 from .batcher import Scored
+from .calls import configure_logging
 from .handler import CallHandler
 from .lifecycle import (
     NOT_SERVING,
     SERVING,
-    configure_logging,
     debug_knobs,
     grpc_server,
     listen_http,

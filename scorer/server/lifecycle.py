@@ -29,10 +29,10 @@ from ..v1 import scorer_pb2
 from . import limits
 from .auth import load_keys, metrics_guard
 from .batcher import BatchPolicy
-from .calls import Inflight, RequestIdFilter
+from .calls import Inflight
 from .debug import DebugKnobs
 from .handler import CallHandler
-from .limits import default_max_connections, limit_accept_log
+from .limits import default_max_connections
 from .scoring import ScoringService, process_age_s, ready_engine
 from .servicer import ScorerServicer
 
@@ -41,20 +41,10 @@ log = logging.getLogger("scorer.server")
 SCORER_SERVICE = scorer_pb2.DESCRIPTOR.services_by_name["Scorer"].full_name
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s request_id=%(request_id)s %(message)s"
 
 
 class CannotListen(Exception):
     """A port is taken (or not ours to bind)."""
-
-
-def configure_logging(level: str, prefix: str = "") -> None:
-    """``prefix``: what starts each line (a front-end process's name)."""
-    handler = logging.StreamHandler()
-    handler.addFilter(RequestIdFilter())
-    handler.setFormatter(logging.Formatter(prefix + LOG_FORMAT))
-    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
-    limit_accept_log()  # out of descriptors, asyncio logs each failed accept: one line per 10 s instead
 
 
 class Signals:
