@@ -37,3 +37,22 @@ def server(scorer_cache: Path, server_logs: Path) -> Iterator[ServerProcess]:
     proc = start_server(scorer_cache, server_logs, MAIN_SERVER_ARGS)
     yield proc
     assert proc.stop() == 0, proc.log()
+
+
+SINGLE_PASS = {
+    "test_batcher.py": "the batcher alone, no server",
+    "test_loops.py": "the event loops alone, no server",
+    "test_frontends.py": "starts the split server itself",
+    "test_restart_ports.py": "starts one process, then the split server, itself",
+    "test_toy_scheme.py": "runs in each arrangement itself",
+    "test_startup.py": "settings and ports refused before any front end starts (test_frontends: the split's)",
+    "test_prometheus.py": "Prometheus and Grafana's queries; the split's /metrics: test_metrics, both passes",
+}
+"""The modules of tests/rpc that ``make test`` runs once: its second pass (servers with
+``--frontends 2``) deselects them (``-m "not single_pass"``)."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name in SINGLE_PASS and item.path.parent.name == "rpc":
+            item.add_marker(pytest.mark.single_pass)
