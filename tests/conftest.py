@@ -20,3 +20,14 @@ def ray_app(tmp_path_factory):
     from ray_app import start
 
     yield from start(tmp_path_factory)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``make test``: ``-n 2 --dist loadgroup``) each module's tests run on
+    one worker, so a module's server starts once; the Ray modules, and any test on the session's
+    local Ray (``ray_app``), share one worker and that one Ray."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            ray = item.path.name.startswith("test_ray_") or "ray_app" in item.fixturenames
+            item.add_marker(pytest.mark.xdist_group("ray" if ray else item.path.stem))
