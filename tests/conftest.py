@@ -22,12 +22,21 @@ def ray_app(tmp_path_factory):
     yield from start(tmp_path_factory)
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``make test``: ``-n 2 --dist loadgroup``) each module's tests run on
-    one worker, so a module's server starts once; the Ray modules, and any test on the session's
-    local Ray (``ray_app``), share one worker and that one Ray."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            ray = item.path.name.startswith("test_ray_") or "ray_app" in item.fixturenames
-            item.add_marker(pytest.mark.xdist_group("ray" if ray else item.path.stem))
+RAY_MODULES = ("test_ray_", "test_prometheus.py")
+"""The modules that start or use a local Ray (``ray_app`` is session-wide): one worker runs them
+all, so CI's two cores hold one Ray at a time."""
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook; plain pytest (the GPU machine) has none
+def pytest_xdist_make_scheduler(config, log):
+    """``make test``'s workers (``-n 2``) take whole modules, so a module's servers start once; the
+    Ray modules go together (``RAY_MODULES``). xdist's ``loadgroup`` would do this by marks, but
+    its group suffix no longer reaches pytest 9's node ids."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Modules(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "ray" if path.rsplit("/", 1)[-1].startswith(RAY_MODULES) else path
+
+    return Modules(config, log)
