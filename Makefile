@@ -45,11 +45,11 @@ lint: setup proto-check
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-# tests/rpc again against servers with two front-end processes: a GPU machine's default split (but
-# the modules whose subject does not change with it, tests/rpc/conftest.py's SINGLE_PASS)
 # TEST_WORKERS: pytest-xdist's workers (tests/conftest.py gives each a whole module)
 TEST_WORKERS ?= 2
 PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS)
+# tests/rpc again against servers with two front-end processes: a GPU machine's default split (but
+# the modules whose subject does not change with it, tests/rpc/conftest.py's SINGLE_PASS)
 test: setup lint
 	HYPOTHESIS_PROFILE=ci $(PYTEST)
 	SCORER_TEST_SERVER_ARGS="--frontends 2" $(PYTEST) tests/rpc -m "not single_pass"

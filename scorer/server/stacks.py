@@ -16,14 +16,13 @@ import os
 import sys
 import threading
 from collections import Counter
-from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
 
 class StackSampler:
-    def __init__(self, path: str, interval_s: float = 0.002, frames: Callable = sys._current_frames) -> None:
-        self.path, self.interval_s, self._frames = path, interval_s, frames
+    def __init__(self, path: str, interval_s: float = 0.002) -> None:
+        self.path, self.interval_s = path, interval_s
         self.counts: Counter[str] = Counter()
         self.samples = 0
         self._stop = threading.Event()
@@ -38,7 +37,7 @@ class StackSampler:
         """One sample of every thread but the sampler's."""
         names = {t.ident: t.name for t in threading.enumerate()}
         own = threading.get_ident()
-        for ident, frame in self._frames().items():
+        for ident, frame in sys._current_frames().items():
             if ident == own:
                 continue
             stack = []
