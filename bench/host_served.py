@@ -65,7 +65,7 @@ class HostOnlyEngine(Engine):
 
 def serve(argv: list[str]) -> int:
     """``scorer serve`` with ``argv``, its engine a HostOnlyEngine (the front ends are scorer's own)."""
-    from scorer.server.app import run
+    from scorer.server import run
     from scorer.settings import SERVE, Settings, add_arguments
 
     build = Settings.build_engine

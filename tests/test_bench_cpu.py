@@ -120,6 +120,23 @@ def test_the_host_only_engine_answers_every_call_from_the_prefix_cache_s_plan(tm
     ] and engine.cache.free_slots < engine.cache.capacity
 
 
+def test_host_served_starts_scorer_serve_from_its_flags_with_the_host_only_engine(monkeypatch):
+    """bench.host_served's server process: its flags checked as ``scorer serve`` checks them, and
+    the server built from those settings with the host-only engine."""
+    from bench import host_served
+    from scorer.server import app
+    from scorer.settings import Settings
+
+    seen = []
+    monkeypatch.setattr(app, "run", lambda settings: seen.append(settings) or 0)
+    monkeypatch.setattr(Settings, "build_engine", Settings.build_engine)  # the patch is undone
+    assert host_served.serve(["--port", "99999"]) == 2  # refused before the server's imports
+    assert host_served.serve(["--device", "cpu", "--frontends", "1"]) == 0
+    (settings,) = seen
+    assert isinstance(settings, Settings) and settings.frontends == "1"
+    assert Settings.build_engine.__name__ == "host_only"
+
+
 def test_throughput_benchmark_runs_every_kind_of_system(tmp_path):
     """bench.throughput on a toy model on the CPU (torch reference, no graphs): an engine system,
     a forced scheme and both transformers baselines each give docs/s and MFU in the JSON."""
