@@ -152,6 +152,19 @@ def test_check_rejects_items_over_uint16_positions():
     assert int(meta.max_item_len[0]) == 65536
 
 
+@given(st.lists(st.lists(st.integers(1, 70), max_size=6), min_size=1, max_size=5))
+def test_multi_item_meta_gives_each_token_its_place_in_its_item_padded_per_request(items):
+    """Each request's row: 1..n for each item in turn, zeros to the widest request's tokens; the
+    longest item per request (0 for a request without items)."""
+    meta = multi_item_meta(list(range(len(items))), items)
+    width = max(1, *(sum(r) for r in items))
+    rows = [[k for n in r for k in range(1, n + 1)] for r in items]
+    assert meta.token_pos_in_items_len == width and meta.token_pos_in_items.dtype == torch.uint16
+    assert ints(meta.token_pos_in_items) == [k for row in rows for k in row + [0] * (width - len(row))]
+    assert ints(meta.max_item_len) == [max(r, default=0) for r in items]
+    assert ints(meta.prefix_len) == list(range(len(items)))
+
+
 def test_check_names_the_request_whose_item_is_over_uint16_positions():
     with pytest.raises(PlanError, match="request 1: item of 65536 tokens"):
         check_plan(REGISTRY["ragged"].plan([Shape(4, (3,)), Shape(1, (2, 65536))]), 32768)

@@ -315,22 +315,29 @@ def np_indptr(lengths: np.ndarray) -> torch.Tensor:
 
 
 def multi_item_meta(prefix_lens: Sequence[int], items_per_request: Sequence[Sequence[int]]) -> MultiItem:
-    """kMultiItemScoring metadata for requests whose K/V is ``prefix + their items``."""
-    counts = torch.tensor([len(items) for items in items_per_request], dtype=torch.int64)
-    lens = torch.tensor([n for items in items_per_request for n in items], dtype=torch.int64)
-    totals = torch.tensor([sum(items) for items in items_per_request], dtype=torch.int64)
-    width = int(totals.max()) if len(totals) else 0
-    pos = torch.zeros(len(items_per_request), max(width, 1), dtype=torch.int32)
+    """kMultiItemScoring metadata for requests whose K/V is ``prefix + their items`` (laid out in
+    numpy: torch's per-op cost on these small tensors made it 0.2 ms a pooled hit's batch)."""
+    counts = np.fromiter(map(len, items_per_request), np.int64, len(items_per_request))
+    lens = np.fromiter(chain.from_iterable(items_per_request), np.int64, int(counts.sum()))
+    first = np.zeros(len(counts) + 1, dtype=np.int64)  # each request's first item, and the end
+    np.cumsum(counts, out=first[1:])
+    before = np.zeros(len(lens) + 1, dtype=np.int64)  # tokens of the items before each
+    np.cumsum(lens, out=before[1:])
+    totals = before[first[1:]] - before[first[:-1]]
+    width = max(int(totals.max(initial=0)), 1)
+    pos = np.zeros(len(counts) * width, dtype=np.uint16)  # 1..n within each item, wrapping as uint16
     if len(lens):
-        values = ranges(torch.ones_like(lens), lens)  # 1..n within each item
-        rows = torch.repeat_interleave(torch.arange(len(counts)), totals)
-        cols = ranges(torch.zeros_like(totals), totals)
-        pos[rows, cols] = values.to(torch.int32)
+        cols = np_ranges(np.arange(len(counts), dtype=np.int64) * width, totals)
+        pos[cols] = np_ranges(np.ones_like(lens), lens).astype(np.uint16)
+    longest = np.zeros(len(counts), dtype=np.int32)
+    some = counts > 0  # reduceat gives an empty request the next one's first item
+    if some.any():
+        longest[some] = np.maximum.reduceat(lens, first[:-1][some])
     return MultiItem(
         prefix_len=torch.tensor(list(prefix_lens), dtype=I32),
-        token_pos_in_items=pos.flatten().to(torch.uint16),
-        token_pos_in_items_len=pos.shape[1],
-        max_item_len=torch.tensor([max(items, default=0) for items in items_per_request], dtype=I32),
+        token_pos_in_items=torch.from_numpy(pos),
+        token_pos_in_items_len=width,
+        max_item_len=torch.from_numpy(longest),
     )
 
 
