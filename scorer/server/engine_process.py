@@ -13,6 +13,7 @@ import time
 
 from ..planning.schemes import import_plugins, plugin_modules
 from ..settings import Settings
+from . import stacks
 from .calls import configure_logging
 from .frontend_process import RemoteScoring, attach
 from .lifecycle import batch_policy, debug_knobs
@@ -103,7 +104,12 @@ def engine_main(settings: Settings, path: str, plugins=()) -> None:
     import_plugins(plugins)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # its front end decides when it stops
     configure_logging(settings.log_level, "engine ")
-    asyncio.run(_engine_for_one(settings, path))
+    sampler = stacks.from_environment(f".engine-{os.getpid()}")  # SCORER_STACK_SAMPLES
+    try:
+        asyncio.run(_engine_for_one(settings, path))
+    finally:  # a multiprocessing child may leave without running atexit
+        if sampler is not None:
+            sampler.stop()
 
 
 async def _engine_for_one(settings: Settings, path: str) -> None:

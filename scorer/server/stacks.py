@@ -3,7 +3,9 @@ a fixed interval, counted as collapsed stacks (``thread;file:function;... count`
 flamegraph.pl and speedscope) and written when the process exits.
 
 ``SCORER_STACK_SAMPLES=PATH`` (and ``SCORER_STACK_SAMPLE_MS``, default 2) turns it on for the
-process that runs the engine: for hosts where py-spy cannot attach (a GPU VM without ptrace). A
+process that runs the engine: for hosts where py-spy cannot attach (a GPU VM without ptrace).
+``scorer serve`` writes PATH; an engine process of its own (a Ray replica's, ``engine_process``)
+writes ``PATH.engine-<pid>``, so that the replicas of a host keep a file each. A
 sample takes the interpreter lock, as any Python thread does; at 2 ms it holds it for tens of
 microseconds. A stack that ends in a wait (a lock, a queue, ``select``) is a thread idle, not busy.
 """
@@ -66,10 +68,11 @@ class StackSampler:
         log.info("%d stack samples of %d stacks written to %s", self.samples, len(self.counts), self.path)
 
 
-def from_environment() -> StackSampler | None:
-    """The sampler ``SCORER_STACK_SAMPLES`` asks for, started; None when it is unset."""
+def from_environment(suffix: str = "") -> StackSampler | None:
+    """The sampler ``SCORER_STACK_SAMPLES`` asks for, started, writing to that path plus
+    ``suffix`` (a process of several on one host: its own file); None when it is unset."""
     path = os.environ.get("SCORER_STACK_SAMPLES")
     if not path:
         return None
     interval_ms = float(os.environ.get("SCORER_STACK_SAMPLE_MS", "2"))
-    return StackSampler(path, interval_ms / 1e3).start()
+    return StackSampler(path + suffix, interval_ms / 1e3).start()

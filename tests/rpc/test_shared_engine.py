@@ -38,8 +38,11 @@ async def _score(service, request_id: str):
     return await service.score(job, time.monotonic() + 30, request_id)
 
 
-def test_front_ends_join_share_batches_leave_and_the_engine_stops_with_its_owner(scorer_cache, engine):
+def test_front_ends_join_share_batches_leave_and_the_engine_stops_with_its_owner(
+    scorer_cache, engine, tmp_path, monkeypatch
+):
     settings = _settings(ensure_tiny_model(scorer_cache))
+    monkeypatch.setenv("SCORER_STACK_SAMPLES", str(tmp_path / "stacks.txt"))  # the child's sampler
     want = [d.score for d in engine.score(REQUEST).results]
 
     async def run() -> None:
@@ -74,6 +77,8 @@ def test_front_ends_join_share_batches_leave_and_the_engine_stops_with_its_owner
             await owner.close()
             await shared.close()  # the owner's link closes: the engine process exits
         assert not shared.proc.is_alive() and shared.proc.exitcode == 0
+        stacks = (tmp_path / f"stacks.txt.engine-{shared.proc.pid}").read_text().splitlines()
+        assert any(line.startswith("forward_0;") for line in stacks)  # its batches' thread, sampled
         for link, front in ((b, front_b), (c, front_c)):  # those still joined learn nothing will answer
             for _ in range(100):
                 if link.gone:
