@@ -29,6 +29,7 @@ shortest and the longest; records appended to ``host_path_long.json`` under ``--
 from __future__ import annotations
 
 import argparse
+import gc
 import pickle
 import random
 import shutil
@@ -229,6 +230,11 @@ def main_long(a: argparse.Namespace) -> None:
     try:
         measure_long(engine, {n: long_calls(20, 100 + seeds[n], n) for n in sizes})  # first-use costs
         engine.cache.clear()
+        # the heap frozen, as the serving processes freeze theirs once loaded (scoring.freeze_heap):
+        # else a full collection of the engine's heap (~165 ms on the 2-core VM) lands in some
+        # stage's mean, a different one run to run (0.16 or 0.95 ms of `reserve` a call)
+        gc.collect()
+        gc.freeze()
         measured = measure_long(engine, {n: long_calls(a.calls, seeds[n], n) for n in sizes})
     finally:
         torch.set_num_threads(threads)
