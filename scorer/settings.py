@@ -323,6 +323,13 @@ class Settings:
         " the device is idle; a large value: never)",
         check=at_least(0),
     )
+    cut_before_heavy: float = setting(
+        0.0,
+        "a batch is cut before a queued call that computes at least this many times the tokens of"
+        " the calls ahead of it in the batch (0: never), so that calls read from the prefix cache do"
+        " not wait for a long prompt computed beside them; the long call leads the next batch",
+        check=at_least(0),
+    )
     # the standalone server
     host: str = setting("127.0.0.1", "address to listen on (gRPC, HTTP and metrics)", scopes=(SERVE,))
     port: int = setting(50051, "gRPC port (0: any free one)", scopes=(SERVE,), check=_port)

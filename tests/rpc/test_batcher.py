@@ -108,6 +108,31 @@ def test_queued_calls_merge_in_arrival_order_up_to_the_token_budget():
     assert forward.batches == [["c0", "c1"], ["c2", "c3"], ["c4"]]
 
 
+@pytest.mark.parametrize(
+    "ratio,heavy,batches",
+    [
+        (4.0, 900, [["r0", "r1"], ["long", "r2", "r3"]]),  # 900 >= 4 x 200: the reads go first
+        (4.0, 700, [["r0", "r1", "long", "r2", "r3"]]),  # 700 < 4 x 200: one batch
+        (0.0, 900, [["r0", "r1", "long", "r2", "r3"]]),  # off
+    ],
+)
+def test_a_cut_stops_before_a_call_that_computes_many_times_the_batch_ahead_of_it(ratio, heavy, batches):
+    """``cut_before_heavy``: the calls ahead of a long one launch without it; it leads the next
+    batch with the calls behind it, so the queue keeps its order."""
+    forward = FakeForward()
+    calls = [call(100, "r0"), call(100, "r1"), call(heavy, "long"), call(100, "r2"), call(100, "r3")]
+
+    async def scenario():
+        policy = BatchPolicy(max_batch_tokens=2000, max_wait_s=0.05, cut_before_heavy=ratio)
+        batcher = Batcher(forward, policy)
+        batcher.start()
+        await asyncio.gather(*(batcher.submit(c, None, c.request.prompt) for c in calls))
+        await batcher.close()
+
+    run(scenario)
+    assert forward.batches == batches
+
+
 def test_a_queued_call_is_counted_as_refresh_makes_it_when_a_batch_is_cut():
     """``refresh`` (the engine's prefix-cache peek) is asked for each call as it is considered for a
     batch: calls that arrived counting 100 tokens and count 10 by then (their prompt cached since)
