@@ -12,6 +12,16 @@ spreads connections over the front ends), sending the serialized calls in order;
 server's metrics. Records appended to ``host_served.json`` under ``--label``.
 
     python -m bench.host_served [--frontends 0,1,2] [--seconds 10] [--concurrency 8] [--label L] [--out DIR]
+
+``--device C0_MS,US_PER_TOKEN`` puts a simulated device behind the engine: each batch holds it
+for C0 ms plus US µs a row its plan computes, one batch at a time (2.5,4.3: a cache-off call of
+this workload ~37 ms, as on the H100's replica). ``--rates`` runs an open loop instead: the load
+tool's Poisson sweep of those rates against each ``--server-flags`` configuration in turn (the
+batcher's policies compared where its queueing meets a device's), records in
+``host_served_open.json``:
+
+    python -m bench.host_served --frontends 1 --device 2.5,4.3 --rates 150,160,170,180 --seconds 6 \
+        --rounds 2 --server-flags="--cut-before-heavy 0" --server-flags="--cut-before-heavy 4"
 """
 
 from __future__ import annotations
@@ -19,7 +29,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -38,24 +50,41 @@ from scorer import readout
 from scorer.engine import Engine, ScoreResult, logical_tokens
 from scorer.request import Job
 
-from .host_path import long_calls, long_checkpoint
+from .host_path import LONG_GEN, long_calls, long_checkpoint
 from .timing import append_records, environment
 
 SCORE_METHOD = "/scorer.v1.Scorer/ScoreDocs"
 START_TIMEOUT_S = 180.0
 
 
+DEVICE_ENV = "SCORER_BENCH_DEVICE"
+"""``C0_MS,US_PER_TOKEN`` (``--device``): the host-only engine's batches hold a simulated device."""
+
+
 class HostOnlyEngine(Engine):
     """An engine whose batches do the host work of a GPU's (the prefix cache's lease, the plan on
-    its pool, the token ids) and no forward: every label log-prob is -0.5."""
+    its pool, the token ids) and no forward: every label log-prob is -0.5. With ``simulated``
+    (seconds a batch, seconds a row its plan computes) each batch also holds a simulated device, one
+    batch at a time in launch order, and its results wait for its end there: the batcher then
+    meets the queueing of a device without one."""
+
+    simulated: tuple[float, float] | None = None
+    _device_free = 0.0
 
     def launch(self, jobs: Sequence[Job]) -> Callable[[], list[ScoreResult]]:
         plan, lease, cached = self._plan_on_cache(jobs)
         ordered = [jobs[i] for i in plan.requests]
         logical_tokens(ordered, self.device, cached)
         flat = [-0.5] * sum(len(j.label_ids) * len(j.items) for j in ordered)
+        end = None
+        if self.simulated is not None:  # launches come one at a time, from the forward thread
+            per_batch, per_token = self.simulated
+            start = max(time.monotonic(), self._device_free)
+            end = self._device_free = start + per_batch + per_token * plan.num_slots  # the rows computed
 
         def collect() -> list[ScoreResult]:
+            if end is not None:
+                time.sleep(max(0.0, end - time.monotonic()))
             if lease is not None:
                 lease.release()
             return readout.results(ordered, plan.requests, flat, cached)
@@ -73,6 +102,9 @@ def serve(argv: list[str]) -> int:
     def host_only(self, config=None) -> Engine:
         engine = build(self, config)
         engine.__class__ = HostOnlyEngine
+        if device := os.environ.get(DEVICE_ENV):
+            per_batch_ms, per_token_us = (float(x) for x in device.split(","))
+            engine.simulated = (per_batch_ms / 1e3, per_token_us / 1e6)
         return engine
 
     Settings.build_engine = host_only
@@ -90,21 +122,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model: Path, frontends: int, log_path: Path) -> tuple[subprocess.Popen, int, int]:
-    """A HostOnlyEngine server on free ports, once its health says SERVING."""
+def start_server(
+    model: Path, frontends: int, log_path: Path, flags: Sequence[str] = (), device: str = ""
+) -> tuple[subprocess.Popen, int, int]:
+    """A HostOnlyEngine server on free ports, with more ``flags`` and ``device`` (``DEVICE_ENV``),
+    once its health says SERVING."""
     port, metrics_port = free_port(), free_port()
     args = [
         "--model", str(model), "--device", "cpu", "--attention-backend", "torch",
         "--auto-policy", "calibrated", "--prefix-cache-mib", "64", "--frontends", str(frontends),
         "--port", str(port), "--metrics-port", str(metrics_port), "--drain-seconds", "0",
-        "--log-level", "WARNING",
+        "--log-level", "WARNING", *flags,
     ]  # fmt: skip
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "bench.host_served", "--serve", *args],
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", DEVICE_ENV: device},
         )
     health = health_pb2_grpc.HealthStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
     deadline = time.monotonic() + START_TIMEOUT_S
@@ -194,16 +229,31 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--calls", type=int, default=1000, help="distinct calls sent in turn")
     ap.add_argument("--label", default="", help="the code measured, in its records")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--device", default="", help="C0_MS,US_PER_TOKEN: batches hold a simulated device")
+    ap.add_argument(
+        "--rates",
+        default="",
+        help="an open loop instead: Poisson calls at each rate (calls/s), by the load tool, --seconds each",
+    )
+    ap.add_argument(
+        "--server-flags",
+        action="append",
+        default=[],
+        help="--rates: a server configuration's extra flags (repeat to compare; each one in turn)",
+    )
+    ap.add_argument("--rounds", type=int, default=1, help="--rates: sweeps of each configuration, alternated")
     a = ap.parse_args(argv)
     root = Path(tempfile.gettempdir()) / "scorer-bench"
     root.mkdir(exist_ok=True)
     model = long_checkpoint(root)
+    if a.rates:
+        return main_open_loop(a, model, root)
     calls = long_calls(a.calls)
     records = []
     print("| code | front ends | calls/s | docs/s | p50 ms | p99 ms | prompt tokens hit | errors |")
     print("|---|---:|---:|---:|---:|---:|---:|---|")
     for n in (int(x) for x in a.frontends.split(",")):
-        proc, port, metrics_port = start_server(model, n, root / f"host_served_{n}.log")
+        proc, port, metrics_port = start_server(model, n, root / f"host_served_{n}.log", device=a.device)
         try:
             r = asyncio.run(closed_loop(f"127.0.0.1:{port}", calls, a.concurrency, a.warmup, a.seconds))
             r["cache_hit_share"] = cache_hit_share(metrics_port)
@@ -220,6 +270,63 @@ def main(argv: list[str] | None = None) -> None:
         env = environment(torch.device("cpu"))
         common = {"label": a.label, "env": env, "concurrency": a.concurrency, "seconds": a.seconds}
         append_records(a.out / "host_served.json", [common | r for r in records])
+
+
+def main_open_loop(a: argparse.Namespace, model: Path, root: Path) -> None:
+    """Each ``--server-flags`` configuration (the first ``--frontends``) swept over ``--rates`` by
+    the load tool (``loadtest.run``, Poisson arrivals, 2 s deadlines) on ``LONG_GEN``'s calls, the
+    configurations in turn for ``--rounds``; docs/s and p99 per rate, records appended to
+    ``host_served_open.json``."""
+    from loadtest.gen import main as gen_main
+
+    requests = root / "long_open.jsonl"
+    gen_main(["--out", str(requests), "--requests", "1000", *LONG_GEN.split()])
+    frontends = int(a.frontends.split(",")[0])
+    configs = a.server_flags or [""]
+    records = []
+    print("| code | round | server flags | offered calls/s | calls/s | docs/s | p99 ms | failed |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|")
+    for k in range(a.rounds):
+        for flags in configs:
+            log = root / "host_served_open.log"
+            proc, port, _ = start_server(model, frontends, log, flags.split(), a.device)
+            try:
+                runs = sweep(port, requests, a.rates, a.seconds, root / "open_sweep")
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(60)
+            for r in runs:
+                print(
+                    f"| {a.label} | {k} | {flags or '-'} | {r['offered_calls_s']:g} | {r['calls_s']:.1f}"
+                    f" | {r['docs_s']:.0f} | {r['p99_ms']:.1f} | {r['failed']} |"
+                )
+            records.append({"round": k, "server_flags": flags, "runs": runs})
+    if a.out:
+        common = {"label": a.label, "env": environment(torch.device("cpu")), "frontends": frontends}
+        common |= {"device": a.device, "seconds": a.seconds, "gen": LONG_GEN}
+        append_records(a.out / "host_served_open.json", [common | r for r in records])
+
+
+def sweep(port: int, requests: Path, rates: str, seconds: float, out: Path) -> list[dict]:
+    """The load tool's sweep of ``rates`` against the server on ``port``: per rate, the offered and
+    achieved calls/s, docs/s, p99 (ms) and the calls that failed."""
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [
+        sys.executable, "-m", "loadtest.run", "--target", f"127.0.0.1:{port}", "--requests", str(requests),
+        "--sweep", rates, "--schemes", "auto", "--duration", str(seconds), "--warmup", "1", "--pause", "1",
+        "--deadline-ms", "2000", "--quiet", "--no-samples", "--out", str(out),
+    ]  # fmt: skip
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return [
+        {
+            "offered_calls_s": r["offered_rps"],
+            "calls_s": r["achieved_rps"],
+            "docs_s": r["achieved_docs_per_s"],
+            "p99_ms": (r["latency_seconds"]["p99"] or float("nan")) * 1e3,
+            "failed": r["failed"],
+        }
+        for r in json.loads((out / "report.json").read_text())["runs"]
+    ]
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 import json
 import math
 import random
+import time
 
 import pytest
 import torch
@@ -114,6 +115,10 @@ def test_the_host_only_engine_answers_every_call_from_the_prefix_cache_s_plan(tm
     results = [engine.score(req) for _ in range(3)]
     engine.runner.forward = forward
     assert [r.usage.cached_prompt_tokens for r in results] == [0, 0, 64]  # seen, written, read
+    engine.simulated = (0.5, 1.0)  # a simulated device: half a second a batch, a second a row computed
+    engine._device_free = free = time.monotonic() + 1e6  # busy: this batch queues behind
+    engine.launch([engine.tokenize(req)])  # not collected: the device's clock is what is checked
+    assert engine._device_free - free == pytest.approx(0.5 + 4)  # 64 prompt ids read: 1 + 3 doc rows
     assert [d.id for d in results[2].results] == [
         "a",
         "b",
