@@ -24,9 +24,9 @@ from ray import serve
 from ray_app import (
     APP,
     DIED,
-    DIED_CODE,
     Load,
     RayApp,
+    died_on_replica,
     engine_pids,
     free_port,
     kill,
@@ -172,12 +172,12 @@ def test_a_replica_killed_under_load_fails_its_calls_in_time_and_serves_again(sl
     assert max(c.ended - c.sent for c in calls) < DEADLINE_S + 0.5  # nothing hung past its deadline
     failed = {c.code for c in calls if c.code != grpc.StatusCode.OK}
     assert failed <= {
-        DIED_CODE,  # on the replica when it died
+        *DIED,  # on the replica when it died
         grpc.StatusCode.DEADLINE_EXCEEDED,  # waiting for a replica
         grpc.StatusCode.RESOURCE_EXHAUSTED,  # refused by the replica's admission (its queue ahead)
     }, failed
-    died = [c for c in calls if c.code == DIED_CODE]
-    assert died and all(DIED.match(c.future.details()) for c in died), {c.future.details() for c in died}
+    died = [c for c in calls if c.code in DIED]
+    assert died and all(map(died_on_replica, died)), {c.future.details() for c in died}
     # a call sent after the kill may still be routed to the dead replica until HAProxy's health check
     # sees it gone (seen on a loaded 2-core host); none sent once a new replica answered may die
     assert all(c.sent < recovered for c in died)

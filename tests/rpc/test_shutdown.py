@@ -66,7 +66,10 @@ def test_sigterm_during_load_completes_every_call_in_flight_and_exits_0(scorer_c
     with pytest.raises(grpc.RpcError) as refused:
         stub.ScoreDocs(call("after-drain"), timeout=10)
 
-    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    # gRPC core's answer for a call that reaches a server whose stop has begun: UNAVAILABLE when its
+    # GOAWAY reached the client first, else the stream is reset (CANCELLED; once in CI, on a loaded
+    # 2-core host). Either way the server never handled it (its request id is not in the log, below).
+    assert refused.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
     for future in [*before, *during]:
         assert future.result().results, future
     assert server.stop(timeout=60) == 0
