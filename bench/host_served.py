@@ -13,7 +13,7 @@ server's metrics. Records appended to ``host_served.json`` under ``--label``.
 
     python -m bench.host_served [--frontends 0,1,2] [--seconds 10] [--concurrency 8] [--label L] [--out DIR]
 
-``--device C0_MS,US_PER_TOKEN`` puts a simulated device behind the engine: each batch holds it
+``--device C0_MS,US_PER_ROW`` puts a simulated device behind the engine: each batch holds it
 for C0 ms plus US µs a row its plan computes, one batch at a time (2.5,4.3: a cache-off call of
 this workload ~37 ms, as on the H100's replica). ``--rates`` runs an open loop instead: the load
 tool's Poisson sweep of those rates against each ``--server-flags`` configuration in turn (the
@@ -58,7 +58,7 @@ START_TIMEOUT_S = 180.0
 
 
 DEVICE_ENV = "SCORER_BENCH_DEVICE"
-"""``C0_MS,US_PER_TOKEN`` (``--device``): the host-only engine's batches hold a simulated device."""
+"""``C0_MS,US_PER_ROW`` (``--device``): the host-only engine's batches hold a simulated device."""
 
 
 class HostOnlyEngine(Engine):
@@ -78,9 +78,9 @@ class HostOnlyEngine(Engine):
         flat = [-0.5] * sum(len(j.label_ids) * len(j.items) for j in ordered)
         end = None
         if self.simulated is not None:  # launches come one at a time, from the forward thread
-            per_batch, per_token = self.simulated
+            per_batch, per_row = self.simulated
             start = max(time.monotonic(), self._device_free)
-            end = self._device_free = start + per_batch + per_token * plan.num_slots  # the rows computed
+            end = self._device_free = start + per_batch + per_row * plan.num_slots  # the rows computed
 
         def collect() -> list[ScoreResult]:
             if end is not None:
@@ -103,8 +103,8 @@ def serve(argv: list[str]) -> int:
         engine = build(self, config)
         engine.__class__ = HostOnlyEngine
         if device := os.environ.get(DEVICE_ENV):
-            per_batch_ms, per_token_us = (float(x) for x in device.split(","))
-            engine.simulated = (per_batch_ms / 1e3, per_token_us / 1e6)
+            per_batch_ms, per_row_us = (float(x) for x in device.split(","))
+            engine.simulated = (per_batch_ms / 1e3, per_row_us / 1e6)
         return engine
 
     Settings.build_engine = host_only
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--calls", type=int, default=1000, help="distinct calls sent in turn")
     ap.add_argument("--label", default="", help="the code measured, in its records")
     ap.add_argument("--out", type=Path)
-    ap.add_argument("--device", default="", help="C0_MS,US_PER_TOKEN: batches hold a simulated device")
+    ap.add_argument("--device", default="", help="C0_MS,US_PER_ROW: batches hold a simulated device")
     ap.add_argument(
         "--rates",
         default="",

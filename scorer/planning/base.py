@@ -267,17 +267,10 @@ def call(
     )
 
 
-def ranges(starts: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """``cat([arange(s, s + n) for s, n in zip(starts, lengths)])``, vectorised (int64)."""
-    lengths = lengths.long()
-    ends = lengths.cumsum(0)
-    offset = torch.repeat_interleave(starts.long() - (ends - lengths), lengths)
-    return torch.arange(int(ends[-1]) if len(ends) else 0, dtype=torch.int64) + offset
-
-
 def np_ranges(starts: np.ndarray, lengths: np.ndarray, dtype=np.int64) -> np.ndarray:
-    """``ranges`` in numpy: the planners' hot paths, where torch's per-op cost on small CPU
-    tensors (microseconds each) is most of the work. ``dtype`` int32 gives the int64 result cast
+    """``cat([arange(s, s + n) for s, n in zip(starts, lengths)])``, vectorised: the planners' hot
+    paths, in numpy, where torch's per-op cost on small CPU tensors (microseconds each) would be
+    most of the work. ``dtype`` int32 gives the int64 result cast
     to int32 (both wrap alike) at half the memory traffic: K/V indices, tens of thousands."""
     ends = np.cumsum(lengths)
     out = np.repeat((starts - (ends - lengths)).astype(dtype), lengths)
