@@ -324,7 +324,7 @@ class Settings:
         check=at_least(0),
     )
     cut_before_heavy: float = setting(
-        0.0,
+        4.0,
         "a batch is cut before a queued call that computes at least this many times the tokens of"
         " the calls ahead of it in the batch (0: never), so that calls read from the prefix cache do"
         " not wait for a long prompt computed beside them; the long call leads the next batch",

@@ -7,8 +7,8 @@
 #       serve (defaults) with the cache and without (--prefix-cache-mib 0), rates swept past
 #       saturation; $OUT/drepeat_summary.json: docs/s at the best rate with p99 <= 100 ms, both
 #       configurations, and their ratio; CACHE_ARGS: more flags for the cached server; CONFIGS="cache admit2
-#       nocache" adds a cached server with --prefix-cache-admit 2 (drepeat_admit2_summary.json), "cut"
-#       one with --cut-before-heavy $CUT (default 4; drepeat_cut_summary.json)            (~4 min)
+#       nocache" adds a cached server with --prefix-cache-admit 2 (drepeat_admit2_summary.json), "nocut"
+#       one with FIFO cuts (--cut-before-heavy 0), "cut" one with --cut-before-heavy $CUT (~4 min)
 #   bash scripts/gpu/prefix_cache.sh profile [seconds]   the cached server of `served` at RATES (default
 #       140,180 calls/s): the load tool's stage means and batches, and the GPU's busy share (nvidia-smi,
 #       every 50 ms): where the replica's time goes at its knee; STACKS=1 also samples the server's
@@ -66,6 +66,7 @@ served | profile)
     rates="${CACHE_RATES:-60,100,130,145,160,175,190,220,260}"  # fine near the ~145 calls/s knee
     [ "$cfg" = admit2 ] && extra=(--prefix-cache-admit 2)
     [ "$cfg" = cut ] && extra=(--cut-before-heavy "${CUT:-4}")
+    [ "$cfg" = nocut ] && extra=(--cut-before-heavy 0)
     [ "$cfg" = nocache ] && extra=(--prefix-cache-mib 0) && rates="${NOCACHE_RATES:-16,18,20,22,24,26,28}"
     taskset -c 4-15 python3 -m scorer serve --model "$CKPT" --port 50051 --metrics-port 9464 "${extra[@]}" \
       >"$OUT/server-$cfg.log" 2>&1 &
@@ -80,7 +81,7 @@ served | profile)
     wait $pid
   done
   python3 scripts/gpu/served_summary.py "$OUT/drepeat-cache" "$OUT/drepeat-nocache" "$OUT/drepeat_summary.json"
-  for cfg in admit2 cut; do
+  for cfg in admit2 cut nocut; do
     [ -d "$OUT/drepeat-$cfg" ] && python3 scripts/gpu/served_summary.py "$OUT/drepeat-$cfg" "$OUT/drepeat-nocache" \
       "$OUT/drepeat_${cfg}_summary.json"
   done

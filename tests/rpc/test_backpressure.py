@@ -27,6 +27,9 @@ def slow_server(scorer_cache, server_logs) -> Iterator[ServerProcess]:
     args = [
         *("--debug-forward-delay-ms", str(FORWARD_DELAY_S * 1e3), "--max-wait-ms", "0"),
         *("--max-queue", str(MAX_QUEUE), "--debug-oom-above-tokens", str(OOM_ABOVE_TOKENS)),
+        # FIFO cuts: the tests merge a one-doc call with an 80-doc one, which the default cut
+        # (before a call of at least 4x the batch's tokens) would launch apart
+        *("--cut-before-heavy", "0"),
     ]
     proc = start_server(scorer_cache, server_logs, args)
     yield proc
