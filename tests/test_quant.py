@@ -57,22 +57,27 @@ def loaded(path: Path, quantization: str) -> Engine:
     return engine_of(*load_model(path, "cpu", torch.float32, "torch", quantization))
 
 
-def fake_quantized(path: Path, round_weights: bool = True) -> Engine:
+def fake_quantized(path: Path, round_weights: bool = True, only: set[str] | None = None) -> Engine:
     """The reference: the checkpoint's model (FP8 weights dequantized) with every decoder linear's
-    input rounded to FP8 per token and (``round_weights``) its weight rounded to FP8 per output
-    channel, both dequantized; the linears then multiply in fp32. Hooks on the plain model, no
-    ``Fp8Linear``. A per-channel FP8 checkpoint's dequantized weights are the reference's as they
-    are (``round_weights=False``)."""
+    (or ``only`` those named, ``layers.0.mlp.down_proj``) input rounded to FP8 per token and
+    (``round_weights``) its weight rounded to FP8 per output channel, both dequantized; the linears
+    then multiply in fp32. Hooks on the plain model, no ``Fp8Linear``. A per-channel FP8
+    checkpoint's dequantized weights are the reference's as they are (``round_weights=False``)."""
     model, tokenizer = load_model(path, "cpu", torch.float32, "torch", "none")
 
     def round_input(_module, args):
         (x,) = args
         return (dequantize(*quantize_rows(x.reshape(-1, x.shape[-1]))).view_as(x).to(x.dtype),)
 
-    for layer in model.model.layers:
+    for i, layer in enumerate(model.model.layers):
         for owner, names in ((layer.self_attn, ATTENTION_LINEARS), (layer.mlp, MLP_LINEARS)):
             for name in names:
                 linear = getattr(owner, name)
+                if (
+                    only is not None
+                    and f"layers.{i}.{'mlp' if owner is layer.mlp else 'self_attn'}.{name}" not in only
+                ):
+                    continue
                 if round_weights:
                     linear.weight.data = dequantize(*quantize_rows(linear.weight))
                 linear.register_forward_pre_hook(round_input)
@@ -410,6 +415,83 @@ def test_block_fp8_is_dequantized_and_quantized_again_per_channel(tiny, tmp_path
     original = load_file(str(tiny / "model.safetensors"))["model.layers.0.self_attn.q_proj.weight"]
     got = plain.model.layers[0].self_attn.q_proj.weight
     assert ((got - original).abs() <= original.abs() * 2**-4 + 1e-6).all()
+
+
+UNQUANTIZED = ("model.layers.0.mlp.down_proj", "model.layers.1.self_attn.k_proj")
+"""Linears a checkpoint leaves in its dtype: a unit of its own, and one of q/k/v (its q and v,
+stored FP8, then run dequantized with it)."""
+
+
+def fp8_names(model) -> set[str]:
+    return {n.removeprefix("model.") for n, m in model.named_modules() if isinstance(m, Fp8Linear)}
+
+
+def ignoring_checkpoint(src: Path, dst: Path, ignore=UNQUANTIZED) -> Path:
+    """``src`` as llm-compressor's FP8_DYNAMIC writes it with the linears ``ignore`` names on its
+    ignore list: those stored as they were."""
+    state = load_file(str(src / "model.safetensors"))
+    stored = load_file(
+        str(compressed_tensors_checkpoint(src, dst.with_name(dst.name + "-all")) / "model.safetensors")
+    )
+    for name in ignore:
+        del stored[f"{name}.weight_scale"]
+        stored[f"{name}.weight"] = state[f"{name}.weight"]
+    return _write(src, dst, stored, {**FP8_DYNAMIC, "ignore": ["lm_head", *ignore]})
+
+
+def test_the_linears_a_checkpoint_left_unquantized_stay_in_its_dtype(tiny, tmp_path):
+    state = load_file(str(tiny / "model.safetensors"))
+    path = ignoring_checkpoint(tiny, tmp_path / "ignored")
+    model, tokenizer = load_model(path, "cpu", torch.float32, "torch", "fp8")
+    every = {n.removesuffix(".weight").removeprefix("model.") for n in _linears(state)}
+    dense = {"layers.0.mlp.down_proj", *(f"layers.1.self_attn.{p}_proj" for p in "qkv")}
+    assert fp8_names(model) == every - dense
+    down = model.model.layers[0].mlp.down_proj
+    assert torch.equal(down.weight, state["model.layers.0.mlp.down_proj.weight"])
+    ref = fake_quantized(path, round_weights=False, only=every - dense)
+    fp8 = engine_of(model, tokenizer)
+    for seed in range(4):
+        req = random_request(seed)
+        torch.testing.assert_close(logprobs(fp8.score(req)), logprobs(ref.score(req)), atol=1e-5, rtol=0)
+
+
+def test_the_fused_path_runs_a_unit_left_unquantized_in_the_models_dtype(tiny, monkeypatch):
+    """The fused path's norms and gate/up write FP8 only for an FP8 reader: a layer whose q/k/v
+    stay in fp32 gets its input norm in fp32, one whose down projection does gets SiLU-and-mul's
+    output in fp32; the scores are the per-linear reference's (FlashInfer's kernels swapped for
+    their torch semantics)."""
+    from fused_reference import TorchFused
+
+    from scorer.models import fused as fused_kernels
+
+    for name in ("rms_norm", "add_rms_norm_", "silu_and_mul", "rope_"):
+        monkeypatch.setattr(fused_kernels, name, getattr(TorchFused, name))
+    model, tokenizer = load_model(tiny, "cpu", torch.float32, "fused", "none")
+    weights = {
+        n: m.weight for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and ".layers." in n
+    }
+    dense = {"model.layers.0.mlp.down_proj", *(f"model.layers.1.self_attn.{p}_proj" for p in "qkv")}
+    given = {
+        n: (lambda q, s: (q, s.reshape(-1)))(*quantize_rows(w)) for n, w in weights.items() if n not in dense
+    }
+    with pytest.raises(ValueError, match="layers.1.self_attn.q_proj"):  # q without k and v
+        quantize_model(
+            model, {**given, "model.layers.1.self_attn.q_proj": given["model.layers.0.self_attn.q_proj"]}
+        )
+    quantize_model(model, given, fused=True)
+    first, second = model.model.layers
+    assert isinstance(first.mlp.gate_up, Fp8Linear) and not first.mlp.quantize
+    assert first.input_layernorm.quantize and first.post_attention_layernorm.quantize
+    assert isinstance(second.self_attn.qkv_proj, tuple) and not second.input_layernorm.quantize
+    assert second.mlp.quantize and isinstance(second.self_attn.o_proj, Fp8Linear)
+    assert fp8_names(model) >= {n.removeprefix("model.") for n in given}
+    fused, ref = (
+        engine_of(model, tokenizer),
+        fake_quantized(tiny, only={n.removeprefix("model.") for n in given}),
+    )
+    for seed in range(6):
+        req = random_request(seed)
+        torch.testing.assert_close(logprobs(fused.score(req)), logprobs(ref.score(req)), atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize(

@@ -139,6 +139,7 @@ class MLP(nn.Module):
         self.act_fn = ACTIVATIONS[config.hidden_act]
         self.gate_up: tuple[torch.Tensor, torch.Tensor | None] | nn.Module | None = None  # or FP8's
         self.swiglu_gemm = False  # ``DecoderLM.swiglu_gemm``
+        self.quantize = False  # the FP8 gate/up writes its output in FP8 for an FP8 down projection
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The MLP of x."""
@@ -149,12 +150,12 @@ class MLP(nn.Module):
         kernel)."""
         if self.gate_up is None:
             return self.act_fn(self.gate_proj(x)) * self.up_proj(x)
-        if isinstance(self.gate_up, nn.Module):  # FP8: the down GEMM's input quantized as it is made
+        if isinstance(self.gate_up, nn.Module):  # FP8; an FP8 down GEMM's input quantized as it is made
             fp8 = self.gate_up
             if isinstance(x, fp8_kernels.Quantized) and self._one_gemm(x.q, fp8.weight, fp8.bias):
                 act = triton_ops.gate_up_silu(x.q, fp8.weight, x_scale=x.scale, w_scale=fp8.weight_scale)
-                return fp8_kernels.quantize(act)
-            return fp8_kernels.silu_mul_quant(fp8(x))
+                return fp8_kernels.quantize(act) if self.quantize else act
+            return fp8_kernels.silu_mul_quant(fp8(x)) if self.quantize else fused.silu_and_mul(fp8(x))
         w, b = self.gate_up
         if self._one_gemm(x, w, b):
             return triton_ops.gate_up_silu(x, w)

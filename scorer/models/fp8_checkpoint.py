@@ -14,7 +14,10 @@ Two formats load:
   ``W = weight * weight_scale_inv`` blockwise. Without ``weight_block_size``, ``X.weight_scale`` is
   one value or one per channel, as above.
 
-With ``--quantization fp8`` the decoder's linears run in FP8 per output channel: per-channel and
+With ``--quantization fp8`` the decoder's linears the checkpoint stores in FP8 run in FP8 per
+output channel, and those it stores unquantized (compressed-tensors' ``ignore``, the fine-grained
+format's ``modules_to_not_convert``) in the model's dtype; q/k/v and gate/up run in one precision
+each (one GEMM), so such a group stored partly in FP8 is dequantized. Per-channel and
 per-tensor scales are taken as they are (the checkpoint's FP8 values, exactly); 128 x 128 blocks
 are dequantized at load and quantized again per channel (``quant.quantize_rows``), which rounds a
 block whose scale is below its row's largest again, coarser. The activations are quantized per
@@ -34,7 +37,7 @@ import torch
 
 from scorer.config import UnsupportedQuantization
 
-from .quant import FP8, dequantize, quantize_rows
+from .quant import FP8, dequantize, quantize_rows, whole_units
 
 DECODER_LINEAR = re.compile(r"model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)")
 SUPPORTED = "compressed-tensors FP8_DYNAMIC (per-channel FP8 weights, dynamic per-token activations) or fp8"
@@ -60,10 +63,15 @@ class Fp8Format:
         (the model's state dict in ``dtype``, the decoder's FP8 linears by module name as (weight,
         per-channel scales [N])). With ``keep_fp8`` a decoder linear's weight is kept FP8 and its
         slot in the state dict is an empty ``meta`` tensor (``quant.quantize_model`` replaces the
-        module); every other FP8 weight, and every one without ``keep_fp8``, is dequantized."""
+        module), where the other linears of its unit are FP8 too (``quant.UNITS``: q/k/v, o,
+        gate/up, down); every other FP8 weight, and every one without ``keep_fp8``, is
+        dequantized. The linears a checkpoint stores unquantized (its ``ignore`` list) stay so."""
         dense: dict[str, torch.Tensor] = {}
         linears: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         scales = {k for k in state if k.endswith("." + self.scale_suffix)}
+        stored = {k.removesuffix(".weight") for k, t in state.items() if t.dtype == FP8}
+        # the decoder linears kept FP8; a unit stored only in part runs dequantized
+        keep = whole_units({m for m in stored if DECODER_LINEAR.fullmatch(m)}) if keep_fp8 else set()
         for name, tensor in state.items():
             if name in scales:
                 continue
@@ -76,7 +84,7 @@ class Fp8Format:
                 raise UnsupportedQuantization(
                     f"{name} is {tensor.dtype} without its {self.scale_suffix}: not the {self.name} format"
                 )
-            if keep_fp8 and DECODER_LINEAR.fullmatch(module):
+            if module in keep:
                 linears[module] = self._per_channel(tensor, scale)
                 dense[name] = torch.empty(tensor.shape, dtype=dtype, device="meta")
             else:

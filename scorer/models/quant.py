@@ -31,6 +31,21 @@ from scorer.models.fp8_kernels import FP8, Quantized, quantize_rows
 
 ATTENTION_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_LINEARS = ("gate_proj", "up_proj", "down_proj")
+UNITS = (ATTENTION_LINEARS[:3], ATTENTION_LINEARS[3:], MLP_LINEARS[:2], MLP_LINEARS[2:])
+"""The linears of a layer that run in one precision together: q, k and v read one input, and so do
+gate and up (one GEMM each on the fused path)."""
+
+
+def whole_units(modules: set[str]) -> set[str]:
+    """The decoder linears of ``modules`` (``model.layers.0.self_attn.q_proj``) whose unit
+    (``UNITS``) is all in ``modules``."""
+    whole = set()
+    for module in modules:
+        parent, _, name = module.rpartition(".")
+        unit = next(u for u in UNITS if name in u)
+        if all(f"{parent}.{n}" in modules for n in unit):
+            whole.add(module)
+    return whole
 
 
 def _quantize(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -174,8 +189,10 @@ def quantize_model(
     fused: bool | None = None,
 ) -> None:
     """Turn the decoder's linears into ``Fp8Linear``, in place, after ``DecoderLM.finalize``:
-    ``prequantized`` maps a linear's name (``model.layers.0.self_attn.q_proj``) to its FP8 weight
-    and per-channel scales from the checkpoint; every other linear is quantized from its weight.
+    every one quantized from its weight, or with ``prequantized`` (a pre-quantized checkpoint's
+    FP8 linears by name, ``model.layers.0.self_attn.q_proj``, as weight and per-channel scales)
+    exactly those; the checkpoint's other linears were left unquantized when it was made (its
+    ``ignore`` list) and stay in the model's dtype. ``prequantized`` holds whole ``UNITS``.
 
     With the fused kernels on CUDA (``fused_path``; ``fused`` overrides: the CPU tests run the
     kernels' torch statements that way) the merged QKV and gate/up GEMMs stay merged,
@@ -191,26 +208,31 @@ def quantize_model(
     dtype = model.model.embed_tokens.weight.dtype
     if problem := scaled_mm_supported(dev):
         raise ValueError(problem)
+    if prequantized is not None and (part := set(prequantized) - whole_units(set(prequantized))):
+        raise ValueError(f"FP8 linears without the rest of their unit: {', '.join(sorted(part))}")
     fused = fused_path(model) if fused is None else fused
     for i, layer in enumerate(model.model.layers):
         attn, mlp = layer.self_attn, layer.mlp
         for owner, part, names in ((attn, "self_attn", ATTENTION_LINEARS), (mlp, "mlp", MLP_LINEARS)):
             for name in names:
                 linear = getattr(owner, name)
-                given = (prequantized or {}).get(f"model.layers.{i}.{part}.{name}")
-                if given is None:
-                    fp8 = Fp8Linear.quantize(linear, dtype)
-                else:
-                    fp8 = Fp8Linear(given[0].to(dev), given[1].to(dev), linear.bias, dtype)
-                setattr(owner, name, fp8)
+                if prequantized is None:
+                    setattr(owner, name, Fp8Linear.quantize(linear, dtype))
+                elif (given := prequantized.get(f"model.layers.{i}.{part}.{name}")) is not None:
+                    setattr(owner, name, Fp8Linear(given[0].to(dev), given[1].to(dev), linear.bias, dtype))
         qkv = [getattr(attn, n) for n in ATTENTION_LINEARS[:3]]
         gate_up = [getattr(mlp, n) for n in MLP_LINEARS[:2]]
-        if fused:
-            attn.qkv_proj = Fp8Linear.merge(*qkv) if attn.qkv_proj is not None else None
-            mlp.gate_up = Fp8Linear.merge(*gate_up)
-            layer.input_layernorm.quantize = layer.post_attention_layernorm.quantize = True
+        qkv_fp8, gate_up_fp8 = isinstance(qkv[0], Fp8Linear), isinstance(gate_up[0], Fp8Linear)
+        if fused:  # a unit left in the model's dtype keeps its bf16 merge and kernels
+            if qkv_fp8 and attn.qkv_proj is not None:
+                attn.qkv_proj = Fp8Linear.merge(*qkv)
+            if gate_up_fp8:
+                mlp.gate_up = Fp8Linear.merge(*gate_up)
+            layer.input_layernorm.quantize = qkv_fp8
+            layer.post_attention_layernorm.quantize = gate_up_fp8
+            mlp.quantize = isinstance(mlp.down_proj, Fp8Linear)
         else:
-            for group in (qkv, gate_up):
+            for group in (g for g, fp8 in ((qkv, qkv_fp8), (gate_up, gate_up_fp8)) if fp8):
                 shared = SharedInput(len(group))
                 for linear in group:
                     linear.shared = shared

@@ -210,3 +210,22 @@ def test_fp8_scores_with_the_prefix_cache(checkpoint, fp8_scores):
         worst = max(abs(a - b) for a, b in zip(got, fp8_scores["naive"], strict=True))
         assert worst < FP8_TOL, f"{scheme} on the prefix cache: max |fp8 - fp8 naive| = {worst:.4f}"
     assert engine.cache.stats["hit_tokens"] > 0
+
+
+def test_linears_a_checkpoint_left_unquantized_serve_in_bf16(checkpoint, tmp_path):
+    """A compressed-tensors checkpoint leaving layer 0's down projection and layer 1's k projection
+    unquantized (so its q/k/v run dequantized): on the fused path with CUDA graphs those units run
+    in bf16 beside the FP8 ones, within FP8's rounding of the CPU reference of the same checkpoint."""
+    from test_quant import ignoring_checkpoint
+
+    path = ignoring_checkpoint(checkpoint, tmp_path / "ignored")
+    engine = build_engine(path, "flashinfer", "cuda", BF16, EngineConfig(), quantization="fp8")
+    first, second = engine.runner.model.model.layers[:2]
+    assert isinstance(first.mlp.gate_up, Fp8Linear) and not first.mlp.quantize
+    assert not second.input_layernorm.quantize and isinstance(second.self_attn.qkv_proj, tuple)
+    assert engine.runner.capture_graphs() > 0
+    cpu = build_engine(path, "torch", "cpu", BF16, quantization="fp8")
+    ref = scores(cpu, "naive")
+    for scheme in ("naive", "multi_item", "auto"):
+        worst = max(abs(a - b) for a, b in zip(scores(engine, scheme), ref, strict=True))
+        assert worst < FP8_TOL, f"{scheme}: max |mixed fp8 gpu - cpu reference| = {worst:.4f}"
