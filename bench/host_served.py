@@ -22,6 +22,8 @@ batcher's policies compared where its queueing meets a device's), records in
 
     python -m bench.host_served --frontends 1 --device 2.5,4.3 --rates 150,160,170,180 --seconds 6 \
         --rounds 2 --server-flags="--cut-before-heavy 0" --server-flags="--cut-before-heavy 4"
+
+``--gen`` sends other calls (``loadtest.gen`` arguments), e.g. a saturating mix of sizes.
 """
 
 from __future__ import annotations
@@ -242,6 +244,11 @@ def main(argv: list[str] | None = None) -> None:
         help="--rates: a server configuration's extra flags (repeat to compare; each one in turn)",
     )
     ap.add_argument("--rounds", type=int, default=1, help="--rates: sweeps of each configuration, alternated")
+    ap.add_argument(
+        "--gen",
+        default=LONG_GEN,
+        help="--rates: the calls, as loadtest.gen arguments (default: the long repeated prompt)",
+    )
     a = ap.parse_args(argv)
     root = Path(tempfile.gettempdir()) / "scorer-bench"
     root.mkdir(exist_ok=True)
@@ -274,13 +281,13 @@ def main(argv: list[str] | None = None) -> None:
 
 def main_open_loop(a: argparse.Namespace, model: Path, root: Path) -> None:
     """Each ``--server-flags`` configuration (the first ``--frontends``) swept over ``--rates`` by
-    the load tool (``loadtest.run``, Poisson arrivals, 2 s deadlines) on ``LONG_GEN``'s calls, the
-    configurations in turn for ``--rounds``; docs/s and p99 per rate, records appended to
-    ``host_served_open.json``."""
+    the load tool (``loadtest.run``, Poisson arrivals, 2 s deadlines) on ``--gen``'s calls (default
+    ``LONG_GEN``), the configurations in turn for ``--rounds``; docs/s and p99 per rate, records
+    appended to ``host_served_open.json``."""
     from loadtest.gen import main as gen_main
 
-    requests = root / "long_open.jsonl"
-    gen_main(["--out", str(requests), "--requests", "1000", *LONG_GEN.split()])
+    requests = root / "open.jsonl"
+    gen_main(["--out", str(requests), "--requests", "1000", *a.gen.split()])
     frontends = int(a.frontends.split(",")[0])
     configs = a.server_flags or [""]
     records = []
@@ -303,7 +310,7 @@ def main_open_loop(a: argparse.Namespace, model: Path, root: Path) -> None:
             records.append({"round": k, "server_flags": flags, "runs": runs})
     if a.out:
         common = {"label": a.label, "env": environment(torch.device("cpu")), "frontends": frontends}
-        common |= {"device": a.device, "seconds": a.seconds, "gen": LONG_GEN}
+        common |= {"device": a.device, "seconds": a.seconds, "gen": a.gen}
         append_records(a.out / "host_served_open.json", [common | r for r in records])
 
 
