@@ -1,5 +1,5 @@
 """The README and docs/ stay true and findable: the README is short and links every page, links
-resolve in a clone, every flag, status code and metric is documented, no page carries the
+resolve in a clone, every flag (with its default), status code and metric is documented, no page carries the
 project's development history, and every Grafana panel says what it shows."""
 
 from __future__ import annotations
@@ -92,6 +92,34 @@ def test_every_flag_is_documented():
     flags = _flags(sub.choices["serve"]) | _flags(sub.choices["score"]) | _flags(ray_local.build_parser())
     missing = sorted(f for f in flags if f"`{f}`" not in DOCS_TEXT)
     assert not missing, missing
+
+
+def _shown(value) -> str:
+    """A default as docs/operating.md's flag table writes it."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return "none" if value is None or value == "" else str(value)
+
+
+def test_the_flag_table_shows_each_settings_default():
+    """docs/operating.md's `| --flag | default | ... |` rows against ``Settings``' defaults, for every
+    flag that is a setting (the rest, ``scorer score``'s call options, have no setting)."""
+    import dataclasses
+
+    from scorer.settings import Settings
+
+    fields = {f.name: f.default for f in dataclasses.fields(Settings)}
+    rows = re.findall(
+        r"^\| `--([a-z0-9-]+)` \| ([^|]*) \|", (ROOT / "docs" / "operating.md").read_text(), re.M
+    )
+    checked = [(flag, shown.strip()) for flag, shown in rows if flag.replace("-", "_") in fields]
+    assert len(checked) > 40
+    wrong = [
+        (flag, shown, _shown(fields[flag.replace("-", "_")]))
+        for flag, shown in checked
+        if shown != _shown(fields[flag.replace("-", "_")])
+    ]
+    assert not wrong, wrong
 
 
 def test_every_metric_is_documented():
