@@ -70,13 +70,13 @@ def fake_quantized(path: Path, round_weights: bool = True, only: set[str] | None
         return (dequantize(*quantize_rows(x.reshape(-1, x.shape[-1]))).view_as(x).to(x.dtype),)
 
     for i, layer in enumerate(model.model.layers):
-        for owner, names in ((layer.self_attn, ATTENTION_LINEARS), (layer.mlp, MLP_LINEARS)):
+        for owner, part, names in (
+            (layer.self_attn, "self_attn", ATTENTION_LINEARS),
+            (layer.mlp, "mlp", MLP_LINEARS),
+        ):
             for name in names:
                 linear = getattr(owner, name)
-                if (
-                    only is not None
-                    and f"layers.{i}.{'mlp' if owner is layer.mlp else 'self_attn'}.{name}" not in only
-                ):
+                if only is not None and f"layers.{i}.{part}.{name}" not in only:
                     continue
                 if round_weights:
                     linear.weight.data = dequantize(*quantize_rows(linear.weight))
@@ -471,9 +471,11 @@ def test_the_fused_path_runs_a_unit_left_unquantized_in_the_models_dtype(tiny, m
         n: m.weight for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and ".layers." in n
     }
     dense = {"model.layers.0.mlp.down_proj", *(f"model.layers.1.self_attn.{p}_proj" for p in "qkv")}
-    given = {
-        n: (lambda q, s: (q, s.reshape(-1)))(*quantize_rows(w)) for n, w in weights.items() if n not in dense
-    }
+    given = {}  # FP8 weights and per-channel scales, as a pre-quantized checkpoint's loader gives them
+    for n, w in weights.items():
+        if n not in dense:
+            q, scale = quantize_rows(w)
+            given[n] = (q, scale.reshape(-1))
     with pytest.raises(ValueError, match="layers.1.self_attn.q_proj"):  # q without k and v
         quantize_model(
             model, {**given, "model.layers.1.self_attn.q_proj": given["model.layers.0.self_attn.q_proj"]}
