@@ -58,6 +58,8 @@ def test_a_faulty_call_fails_alone_with_internal_and_its_batch_mates_succeed(ser
         assert [r.score for r in reply.results] == pytest.approx(
             [d.score for d in solo(engine, msg).results], abs=TOLERANCE
         )
-    assert server.metric("scorer_errors_total", code="INTERNAL") == internal_before + 1
+    # counted once its answer is sent: wait for the count rather than race it
+    internal = server.wait_metric("scorer_errors_total", internal_before + 1, code="INTERNAL")
+    assert internal == internal_before + 1
     assert "Traceback" in server.log() and "injected fault" in server.log()
     assert server.health() == health_pb2.HealthCheckResponse.SERVING
