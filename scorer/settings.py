@@ -330,13 +330,6 @@ class Settings:
         " not wait for a long prompt computed beside them; the long call leads the next batch",
         check=at_least(0),
     )
-    cut_lead: float = setting(
-        2.0,
-        "with a batch on the device, the next is cut once the work ahead is estimated to end within"
-        " this many of a batch's recent launch times (its host planning), so that calls arriving"
-        " meanwhile join it instead of waiting behind it (0: cut as soon as a batch slot frees)",
-        check=at_least(0),
-    )
     # the standalone server
     host: str = setting("127.0.0.1", "address to listen on (gRPC, HTTP and metrics)", scopes=(SERVE,))
     port: int = setting(50051, "gRPC port (0: any free one)", scopes=(SERVE,), check=_port)

@@ -1,9 +1,8 @@
 """Cross-request batching: concurrent calls merged into one forward batch under a token budget.
 
 A call waits in a bounded FIFO queue. A batch is cut when the queued calls fill the token budget
-or when the oldest queued call has waited ``max_wait_s`` and the device's work ahead is about to
-end (``BatchPolicy.cut_lead``); at once while no batch is in flight, or while calls arrive too
-seldom for the wait to gather company (``COMPANY``);
+or when the oldest queued call has waited ``max_wait_s``; at once while no batch is in flight, or
+while calls arrive too seldom for the wait to gather company (``COMPANY``);
 it is launched on one worker thread (the host planning and the queuing of its device work) and
 waited for on another, so the event loop keeps answering health checks and accepting calls while
 the model computes, and the next batch is planned while the device still runs this one
@@ -72,8 +71,6 @@ COMPANY = 0.5
 load a wait behind a batch in flight would gather nobody and only add to the call's latency."""
 ARRIVALS = 8
 """Arrivals the gap estimate spans."""
-LAUNCHES = 16
-"""Launches the host-time estimate of ``BatchPolicy.cut_lead`` spans."""
 INLINE_S = 0.01
 """A batch that finds no batch in flight, while calls arrive further apart than
 ``BatchPolicy.loop_path_gaps`` times its estimated time on the device, is launched on the event
@@ -129,13 +126,6 @@ class BatchPolicy:
     alone, and the long call leads the next cut (the queue stays in order: nothing overtakes a
     call). On an H100, ten-call reuses of an 8,000-token prompt: p99 below FIFO cuts' at all 11
     rates compared, by up to 37 ms (bench/RESULTS.md)."""
-    cut_lead: float = 2.0
-    """With a batch on the device, the next one is cut once the device's work ahead is estimated
-    to end within this many of the recent launches' host time (the plan and the queuing of a
-    batch's device work), not as soon as a slot frees (0: at once): the calls that arrive
-    meanwhile ride in it instead of waiting behind it, and its launch still ends before the device
-    frees. The estimate is taken early by the spread of recent batches around the forward-time
-    fit, so that one that runs short does not leave the device idle."""
 
 
 @dataclass(frozen=True)
@@ -208,11 +198,6 @@ class ForwardTimeModel:
             a *= min(1.0, tokens / mean_t)
         return a + b * tokens
 
-    @property
-    def spread(self) -> float | None:
-        """The recent batches' root-mean-square distance from the fit (None before a fit)."""
-        return None if self._fit is None else self._fit[3]
-
     def queue(self, calls: int, tokens: int, max_batch_tokens: int) -> float | None:
         """``calls`` queued calls of ``tokens`` tokens in all, counted with care: ``n`` batches of
         at most the largest size seen recently (and ``max_batch_tokens``), one call each at the
@@ -255,7 +240,7 @@ class Batcher:
         self.policy = policy
         self._clock = clock
         self._pending: deque[_Queued] = deque()
-        self._wake = asyncio.Event()  # a call arrived or a batch landed
+        self._arrived = asyncio.Event()
         self._closing = False
         self._task: asyncio.Task | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
@@ -266,7 +251,6 @@ class Batcher:
         self._in_flight: deque[_Flight] = deque()  # launched and not yet settled, oldest first
         self._device_free = 0.0  # when the last batch ended
         self._arrivals: deque[float] = deque(maxlen=ARRIVALS)  # the last calls' arrival times
-        self._launches: deque[float] = deque(maxlen=LAUNCHES)  # the last launches' host seconds
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="batcher")
@@ -274,7 +258,7 @@ class Batcher:
     async def close(self) -> None:
         """Run what is queued, then stop; later submits raise Closed."""
         self._closing = True
-        self._wake.set()
+        self._arrived.set()
         if self._task is not None:
             await self._task
         await asyncio.gather(*self._collecting, return_exceptions=True)
@@ -304,7 +288,7 @@ class Batcher:
         self._arrivals.append(queued.enqueued)
         self._pending.append(queued)
         metrics.QUEUE_DEPTH.set(len(self._pending))
-        self._wake.set()
+        self._arrived.set()
         return await queued.future
 
     def _on_done(self, job: _Queued, future: asyncio.Future) -> None:
@@ -330,8 +314,8 @@ class Batcher:
             if not self._pending:
                 if self._closing:
                     return
-                self._wake.clear()
-                await self._wake.wait()
+                self._arrived.clear()
+                await self._arrived.wait()
                 continue
             await self._slots.acquire()
             try:
@@ -354,39 +338,23 @@ class Batcher:
                     _settle(job, exc)
 
     async def _fill(self) -> None:
-        """Wait until the queue fills the token budget, or its oldest call has waited max_wait_s
-        and the device's work ahead is about to end (``_ahead``); not at all while no batch is in
-        flight (a call that finds the engine idle runs at once: waiting could only gather calls
-        that would then wait for nothing), nor while calls arrive too seldom for a wait to gather
-        company."""
-        if not self._in_flight:
+        """Wait until the queue fills the token budget or its oldest call has waited max_wait_s;
+        not at all while no batch is in flight (a call that finds the engine idle runs at once:
+        waiting could only gather calls that would then wait for nothing), nor while calls arrive
+        too seldom for the wait to gather company."""
+        if not self._in_flight or not self._company_expected():
             return
-        company = self._company_expected()
         while self._pending and not self._closing:
             if sum(j.tokens for j in self._pending) >= self.policy.max_batch_tokens:
                 return
-            now = self._clock()
-            left = self._pending[0].enqueued + self.policy.max_wait_s - now if company else 0.0
-            left = max(left, self._ahead(now))
+            left = self._pending[0].enqueued + self.policy.max_wait_s - self._clock()
             if left <= 0:
                 return
-            self._wake.clear()
+            self._arrived.clear()
             try:
-                await asyncio.wait_for(self._wake.wait(), left)
+                await asyncio.wait_for(self._arrived.wait(), left)
             except TimeoutError:
                 return
-
-    def _ahead(self, now: float) -> float:
-        """Seconds the next cut waits for the device (``BatchPolicy.cut_lead``): until the batches
-        in flight are estimated to end, less the spread of recent batches around the fit, within
-        ``cut_lead`` of the recent launches' mean host time; 0 without both estimates, or where
-        calls arrive too seldom for the wait to gather company (``COMPANY``)."""
-        spread = self._forward_time.spread
-        if not self.policy.cut_lead or not self._launches or spread is None:
-            return 0.0
-        lead = self.policy.cut_lead * sum(self._launches) / len(self._launches)
-        ahead = self._in_flight_left(now) - spread - lead
-        return ahead if ahead > 0 and ahead >= COMPANY * self._mean_gap() else 0.0
 
     def _company_expected(self) -> bool:
         """Would ``max_wait_s`` gather at least COMPANY more calls, at the recent arrival rate?
@@ -501,7 +469,6 @@ class Batcher:
                 collect = self._score(jobs)
             else:
                 collect = await loop.run_in_executor(self._executor, self._score, jobs)
-            self._launches.append(self._clock() - started)
         except Exception as exc:
             try:
                 await self._failed(batch, exc)
@@ -569,7 +536,6 @@ class Batcher:
         held = now - max(flight.started, self._device_free)
         self._in_flight.remove(flight)
         self._device_free = now
-        self._wake.set()  # the next cut may have been waiting for it (``_ahead``)
         return held
 
     async def _failed(self, batch: list[_Queued], exc: Exception) -> None:

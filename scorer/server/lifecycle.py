@@ -178,12 +178,7 @@ def http_limits(s: Settings):
 def batch_policy(s: Settings) -> BatchPolicy:
     """The batcher's policy from ``s``."""
     return BatchPolicy(
-        s.max_batch_tokens,
-        s.max_wait_ms / 1e3,
-        s.max_queue,
-        s.loop_path_gaps,
-        s.cut_before_heavy,
-        s.cut_lead,
+        s.max_batch_tokens, s.max_wait_ms / 1e3, s.max_queue, s.loop_path_gaps, s.cut_before_heavy
     )
 
 

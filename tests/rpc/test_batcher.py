@@ -22,7 +22,6 @@ from scorer.server.batcher import (
     ForwardTimeModel,
     OutOfMemory,
     QueueFull,
-    _Flight,
 )
 
 
@@ -478,104 +477,6 @@ def test_the_next_batch_is_launched_while_the_last_one_is_collected():
     assert events.index(("launch", "c1")) < events.index(("collected", "c0"))
     assert events.index(("collected", "c0")) < events.index(("launch", "c2"))
     assert len(events) == 6
-
-
-LAUNCH_S, DEVICE_S = 0.01, 30.0
-
-
-def held_device(clock: Clock, batches: list[list[str]], hold: threading.Event):
-    """A launch that takes ``LAUNCH_S`` of ``clock`` and records its batch's calls; the warm-up
-    batches hold the device for ``DEVICE_S`` of it, the "running" batch until ``hold`` is set (the
-    test moves the clock meanwhile)."""
-
-    def launch(batch: Sequence[Job]):
-        names = [t.request.prompt for t in batch]
-        batches.append(names)
-        clock.advance(LAUNCH_S)
-
-        def collect():
-            if names[0] == "running":
-                hold.wait()
-            clock.advance(DEVICE_S if names[0].startswith("warm") else 0.0)
-            return [ScoreResult((), "ragged", Usage(0, 0, tokens_of(t), 0)) for t in batch]
-
-        return collect
-
-    return launch
-
-
-def test_the_next_cut_waits_for_the_batch_on_the_device_and_a_call_arriving_meanwhile_joins_it():
-    """``cut_lead``: a call that arrives while a batch is on the device (estimated at 30 s of the
-    test's clock) is not cut at once but when that batch lands (or, by the clock, is about to:
-    ``_ahead`` below); the call that arrives meanwhile joins it. No wait for company besides
-    (``max_wait_s`` 0)."""
-    clock, batches, hold = Clock(), [], threading.Event()
-
-    async def scenario():
-        policy = BatchPolicy(max_wait_s=0, cut_lead=2.0)
-        batcher = await warmed(held_device(clock, batches, hold), policy, clock=clock)
-        running = asyncio.ensure_future(batcher.submit(call(10, "running"), None, "running"))
-        await until(lambda: batches[-1] == ["running"])
-        a = asyncio.ensure_future(batcher.submit(call(10, "a"), None, "a"))
-        # "a" queued and the batcher asleep waiting for the device (cut at once, it would leave
-        # the queue; its wake-up flag is cleared only there or with nothing queued)
-        await until(lambda: batcher.depth == 1 and not batcher._wake.is_set())
-        clock.advance(1.0)
-        b = asyncio.ensure_future(batcher.submit(call(10, "b"), None, "b"))
-        await until(lambda: batcher.depth == 2 and not batcher._wake.is_set())  # asleep again
-        hold.set()
-        await asyncio.gather(running, a, b)
-        await batcher.close()
-
-    try:
-        run(scenario)
-    finally:
-        hold.set()  # a failed test must not leave the collect thread held
-    assert batches[2:] == [["running"], ["a", "b"]]
-
-
-def test_the_wait_for_the_device_ends_within_the_lead_early_by_the_spread_and_only_for_company():
-    """``_ahead`` on estimates set directly: batches of 30 ms spread by 2 ms around their fit,
-    launches of 4 ms (a lead of 8 ms), a call a millisecond; one batch on the device."""
-    clock = Clock()
-    batcher = Batcher(lambda jobs: None, BatchPolicy(cut_lead=2.0), clock)
-    assert batcher._ahead(clock()) == 0.0  # no estimates yet
-    for seconds in (0.028, 0.032) * 4:
-        batcher._forward_time.observe(100, seconds)
-    batcher._launches.extend([0.004] * 4)
-    batcher._arrivals.extend(clock() - 0.001 * i for i in range(8, 0, -1))
-    batcher._in_flight.append(_Flight(100, clock()))
-    assert batcher._ahead(clock()) == pytest.approx(0.030 - 0.002 - 0.008)
-    clock.advance(0.015)
-    assert batcher._ahead(clock()) == pytest.approx(0.005)
-    clock.advance(0.006)
-    assert batcher._ahead(clock()) == 0.0  # within the lead
-    clock.advance(-0.021)
-    batcher._arrivals.clear()
-    batcher._arrivals.extend(clock() - 0.1 * i for i in range(8, 0, -1))  # a call every 100 ms
-    assert batcher._ahead(clock()) == 0.0  # 20 ms of waiting would gather nobody
-
-
-def test_with_no_cut_lead_the_next_batch_is_cut_while_the_last_is_on_the_device():
-    clock, batches, hold = Clock(), [], threading.Event()
-
-    async def scenario():
-        batcher = await warmed(
-            held_device(clock, batches, hold), BatchPolicy(max_wait_s=0, cut_lead=0), clock=clock
-        )
-        running = asyncio.ensure_future(batcher.submit(call(10, "running"), None, "running"))
-        await until(lambda: batches[-1] == ["running"])
-        a = asyncio.ensure_future(batcher.submit(call(10, "a"), None, "a"))
-        await until(lambda: batches[-1] == ["a"])
-        hold.set()
-        await asyncio.gather(running, a)
-        await batcher.close()
-
-    try:
-        run(scenario)
-    finally:
-        hold.set()
-    assert batches[2:] == [["running"], ["a"]]
 
 
 async def warmed(forward, policy: BatchPolicy, calls: int = 2, clock=time.monotonic) -> Batcher:
