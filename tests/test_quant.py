@@ -59,7 +59,7 @@ def loaded(path: Path, quantization: str) -> Engine:
 
 def fake_quantized(path: Path, round_weights: bool = True, only: set[str] | None = None) -> Engine:
     """The reference: the checkpoint's model (FP8 weights dequantized) with every decoder linear's
-    (or ``only`` those named, ``layers.0.mlp.down_proj``) input rounded to FP8 per token and
+    (or ``only`` those named, ``model.layers.0.mlp.down_proj``) input rounded to FP8 per token and
     (``round_weights``) its weight rounded to FP8 per output channel, both dequantized; the linears
     then multiply in fp32. Hooks on the plain model, no ``Fp8Linear``. A per-channel FP8
     checkpoint's dequantized weights are the reference's as they are (``round_weights=False``)."""
@@ -76,7 +76,7 @@ def fake_quantized(path: Path, round_weights: bool = True, only: set[str] | None
         ):
             for name in names:
                 linear = getattr(owner, name)
-                if only is not None and f"layers.{i}.{part}.{name}" not in only:
+                if only is not None and f"model.layers.{i}.{part}.{name}" not in only:
                     continue
                 if round_weights:
                     linear.weight.data = dequantize(*quantize_rows(linear.weight))
@@ -423,7 +423,7 @@ stored FP8, then run dequantized with it)."""
 
 
 def fp8_names(model) -> set[str]:
-    return {n.removeprefix("model.") for n, m in model.named_modules() if isinstance(m, Fp8Linear)}
+    return {n for n, m in model.named_modules() if isinstance(m, Fp8Linear)}
 
 
 def ignoring_checkpoint(src: Path, dst: Path, ignore=UNQUANTIZED) -> Path:
@@ -443,8 +443,8 @@ def test_the_linears_a_checkpoint_left_unquantized_stay_in_its_dtype(tiny, tmp_p
     state = load_file(str(tiny / "model.safetensors"))
     path = ignoring_checkpoint(tiny, tmp_path / "ignored")
     model, tokenizer = load_model(path, "cpu", torch.float32, "torch", "fp8")
-    every = {n.removesuffix(".weight").removeprefix("model.") for n in _linears(state)}
-    dense = {"layers.0.mlp.down_proj", *(f"layers.1.self_attn.{p}_proj" for p in "qkv")}
+    every = set(_linears(state))
+    dense = {"model.layers.0.mlp.down_proj", *(f"model.layers.1.self_attn.{p}_proj" for p in "qkv")}
     assert fp8_names(model) == every - dense
     down = model.model.layers[0].mlp.down_proj
     assert torch.equal(down.weight, state["model.layers.0.mlp.down_proj.weight"])
@@ -486,11 +486,8 @@ def test_the_fused_path_runs_a_unit_left_unquantized_in_the_models_dtype(tiny, m
     assert first.input_layernorm.quantize and first.post_attention_layernorm.quantize
     assert isinstance(second.self_attn.qkv_proj, tuple) and not second.input_layernorm.quantize
     assert second.mlp.quantize and isinstance(second.self_attn.o_proj, Fp8Linear)
-    assert fp8_names(model) >= {n.removeprefix("model.") for n in given}
-    fused, ref = (
-        engine_of(model, tokenizer),
-        fake_quantized(tiny, only={n.removeprefix("model.") for n in given}),
-    )
+    assert fp8_names(model) >= set(given)
+    fused, ref = engine_of(model, tokenizer), fake_quantized(tiny, only=set(given))
     for seed in range(6):
         req = random_request(seed)
         torch.testing.assert_close(logprobs(fused.score(req)), logprobs(ref.score(req)), atol=1e-5, rtol=0)
