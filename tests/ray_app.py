@@ -51,6 +51,18 @@ gRPC reads as UNKNOWN. Serve's Python proxy answered INTERNAL, "The actor ... is
 "died unexpectedly", instead (docs/ray.md, Faults)."""
 
 
+ENGINE_DIED = {
+    grpc.StatusCode.UNAVAILABLE,  # on the replica when its engine died, or sent to it after
+    grpc.StatusCode.INTERNAL,  # on the replica when Serve stopped it
+    grpc.StatusCode.CANCELLED,  # sent to the replica as Serve stopped it: its stream reset
+    grpc.StatusCode.DEADLINE_EXCEEDED,  # waiting for a replica
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
+"""The codes of the calls under load while a replica's engine dies and Serve replaces the replica
+(a front end of the shared engine, or one with an engine process of its own): none is computed by
+the dead engine (docs/ray.md, Faults)."""
+
+
 def died_on_replica(call) -> bool:
     """Was ``call`` (a ``Call`` of ``Load``) answered as one on a replica that died (``DIED``)?"""
     return call.code in DIED and bool(DIED[call.code].match(call.future.details()))
