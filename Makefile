@@ -47,7 +47,7 @@ lint: setup proto-check
 
 # TEST_WORKERS: pytest-xdist's workers (tests/conftest.py gives each a whole module)
 TEST_WORKERS ?= 2
-PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS)
+PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --durations=25
 # tests/rpc again against servers with two front-end processes: a GPU machine's default split (but
 # the modules whose subject does not change with it, tests/rpc/conftest.py's SINGLE_PASS)
 test: setup lint

@@ -139,7 +139,10 @@ def test_one_replica_killed_under_load_the_other_serves_and_serve_brings_it_back
     }, {(c.code, c.future.details()) for c in failed}
     died = [c for c in failed if c.code in DIED]
     assert died and all(map(died_on_replica, died)), {c.future.details() for c in died}
-    assert all(c.sent < killed for c in died)
+    # sent after the kill but routed to the victim before HAProxy read its closed connection: a
+    # burst's calls at most (docs/ray.md, Faults)
+    late = [c.sent - killed for c in died if c.sent >= killed]
+    assert len(late) <= BURST, late
     pair.assert_scores(calls, TOLERANCE)
 
     outage = [c for c in calls if killed < c.sent < recovered]
@@ -156,7 +159,7 @@ def test_one_replica_killed_under_load_the_other_serves_and_serve_brings_it_back
     assert all(n > 0 for n in back.values()), back  # both serve again
     slowest = max(c.ended - c.sent for c in outage)
     print(
-        f"\n{len(calls)} calls; {len(died)} answered as died, sent before the kill, ended by "
+        f"\n{len(calls)} calls; {len(died)} answered as died ({len(late)} sent after the kill), ended by "
         f"{max(c.ended for c in died) - killed:+.3f} s from it ({died[0].future.details()!r}); "
         f"{len(failed) - len(died)} other failures; the new replica answered {recovered - killed:.1f} s "
         f"after the kill (metrics port {new_port}; the victim's {victim_port}); in between the survivor "

@@ -128,7 +128,11 @@ def test_a_front_end_killed_under_load_the_other_serves_and_the_new_one_joins_th
         grpc.StatusCode.RESOURCE_EXHAUSTED,
     }, {(c.code, c.future.details()) for c in failed}
     died = [c for c in failed if c.code in DIED]
-    assert all(died_on_replica(c) and c.sent < killed for c in died)
+    assert all(map(died_on_replica, died)), {c.future.details() for c in died}
+    # sent after the kill but routed to the victim before HAProxy read its closed connection: a
+    # burst's calls at most (docs/ray.md, Faults)
+    late = [c.sent - killed for c in died if c.sent >= killed]
+    assert len(late) <= BURST, late
     shared.assert_scores(calls)
     assert in_outage > 0
     assert victim not in after and survivor in after
@@ -136,7 +140,8 @@ def test_a_front_end_killed_under_load_the_other_serves_and_the_new_one_joins_th
     last = [c for c in calls if c.sent > calls[-1].sent - 1.0]
     assert all(c.code == grpc.StatusCode.OK for c in last), [c.code for c in last]
     print(
-        f"\n{len(calls)} calls, {len(died)} answered as died (on the victim), {len(failed) - len(died)} other"
+        f"\n{len(calls)} calls, {len(died)} answered as died (on the victim; {len(late)} sent after the"
+        f" kill), {len(failed) - len(died)} other"
         f" failures; a new front end answered {recovered - killed:.1f} s after the kill; the survivor"
         f" answered {in_outage:g} calls meanwhile"
     )
