@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from itertools import chain
 
@@ -41,6 +41,7 @@ from .request import (
 )
 from .runner import ModelRunner
 from .token_ids import TokenIds
+from .tokenizer import TokenizerSpec
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,7 @@ class EngineInfo:
     max_batch_tokens: int = 0  # the serving batcher's (0: no batcher, an engine alone)
     head: ScoreHead | None = None  # the model's score head; None: the LM head
     sliding_window: int = 0  # the model's sliding window, where it bounds max_positions
+    tokenizer: TokenizerSpec | None = field(default=None, repr=False)  # for a front end: a fast one's
 
     @property
     def head_kind(self) -> str:
@@ -183,6 +185,7 @@ class Engine(Tokenizing):
             str(runner.device),
             head=score_head(mc, config.score_label),
             sliding_window=mc.sliding_window,
+            tokenizer=TokenizerSpec.of(tokenizer),
         )
         super().__init__(tokenizer, info)
         self.runner = runner

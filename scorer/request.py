@@ -31,6 +31,7 @@ from .options import (
 from .planning import Scheme, Shape, names
 from .planning.base import MAX_ITEM_LEN, PlanError
 from .token_ids import SHORT, TokenIds
+from .tokenizer import BackendTokenizer
 
 MAX_CACHE_SALT = 256  # characters
 VISIBLE = re.compile(r"[^\s\x00-\x1f\x7f-\x9f]")
@@ -616,6 +617,8 @@ def fast_backends(tokenizer):
     wrapper switches its one backend's for every call)."""
     from tokenizers import Tokenizer
 
+    if isinstance(tokenizer, BackendTokenizer):
+        return tokenizer.backends
     backend = getattr(tokenizer, "_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
     if backend is None or backend.truncation is not None or backend.padding is not None:
         return None

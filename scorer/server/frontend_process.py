@@ -14,10 +14,10 @@ import torch
 from grpc_health.v1.health import aio as health_aio
 
 from ..engine import EngineInfo, Tokenizing
-from ..models.loader import load_tokenizer
 from ..planning.schemes import import_plugins
 from ..request import Job
 from ..settings import Settings
+from ..tokenizer import BackendTokenizer
 from . import loops
 from .batcher import Scored
 from .calls import configure_logging
@@ -50,6 +50,16 @@ class RemoteScoring(TokenizingService):
         return await self.link.score(job, deadline, request_id)
 
 
+def front_tokenizer(info: EngineInfo):
+    """The engine's tokenizer in this process: its fast backend as the engine sent it, else (a slow
+    tokenizer) loaded from the model's files by transformers."""
+    if info.tokenizer is not None:
+        return BackendTokenizer(info.tokenizer)
+    from ..models.loader import load_tokenizer
+
+    return load_tokenizer(info.model_dir)
+
+
 def frontend_main(settings: Settings, address: str, index: int, parent: int, plugins=()) -> None:
     """A front-end process (``multiprocessing``'s target): the engine process's signals drive it;
     ``plugins``: the engine process's scheme modules (``plugin_modules``)."""
@@ -71,7 +81,7 @@ async def _frontend(args: Settings, address: str, index: int, parent: int) -> No
     server = http = None
 
     def take(info: EngineInfo) -> None:  # tokenize as the engine does, from now on
-        tokenizing = Tokenizing(load_tokenizer(info.model_dir), info)
+        tokenizing = Tokenizing(front_tokenizer(info), info)
         handler.service = RemoteScoring(tokenizing, link, debug_knobs(args))
         freeze_heap("frontend")
         link.send("ready", None)
@@ -143,6 +153,6 @@ async def attach(link: FrontLink, settings: Settings, check: Callable[[], None])
             continue
         if kind == "ready":
             break
-    service = RemoteScoring(Tokenizing(load_tokenizer(value.model_dir), value), link, debug_knobs(settings))
+    service = RemoteScoring(Tokenizing(front_tokenizer(value), value), link, debug_knobs(settings))
     link.send("ready", None)
     return service

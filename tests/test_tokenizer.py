@@ -1,0 +1,104 @@
+"""A front end's tokenizer (``scorer.tokenizer``): the engine's fast backend, sent in its
+EngineInfo and rebuilt without transformers, encodes and looks up tokens as the engine's
+transformers tokenizer does, so a front end turns every request into the engine's Job."""
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+from scorer.engine import EngineConfig, Tokenizing
+from scorer.request import Doc, InvalidInput, ScoreOptions, ScoreRequest
+from scorer.runtime import build_engine
+from scorer.server.frontend_process import front_tokenizer
+from scorer.tokenizer import BackendTokenizer, TokenizerSpec
+
+TEXTS = (
+    "",
+    "plain words",
+    "a <|im_end|> b",
+    "<|im_start|>user\nwhat is rope<|im_end|>\n",
+    "ünïcödé 北京 🙂 \t tabs",
+    "  leading and trailing  ",
+    "<|im_end|><|im_end|>no space",
+    "x" * 3000,
+)
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SCORER_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    yield build_engine(attention_backend="torch", config=EngineConfig(max_docs=64, max_doc_tokens=512))
+    mp.undo()
+
+
+def test_the_front_ends_tokenizer_encodes_and_looks_up_as_the_engines(engine):
+    ref, tok = engine.tokenizer, front_tokenizer(engine.info)
+    assert isinstance(tok, BackendTokenizer) and ref.is_fast
+    for text in TEXTS:
+        for add in (True, False):
+            for split in (None, False, True):
+                kw = {"add_special_tokens": add, "split_special_tokens": split}
+                assert tok.encode(text, **kw) == ref.encode(text, **kw), (text[:40], kw)
+    vocab = sorted(ref.get_vocab())
+    words = [*vocab[:: max(1, len(vocab) // 300)], *ref.added_tokens_encoder, "no such token", ""]
+    assert [tok.convert_tokens_to_ids(w) for w in words] == [ref.convert_tokens_to_ids(w) for w in words]
+    assert (tok.unk_token, tok.unk_token_id) == (ref.unk_token, ref.unk_token_id)
+    assert tok.added_tokens_encoder == ref.added_tokens_encoder and len(tok) == len(ref)
+    assert tok.backend_tokenizer.get_vocab() == ref.backend_tokenizer.get_vocab()
+
+
+def _requests() -> list[ScoreRequest]:
+    docs = [Doc("rotary embeddings", id="a"), Doc("a <|im_end|> b", id="b"), Doc("x " * 700, id="c")]
+    return [
+        ScoreRequest("what is rope", docs, instruction="Find it"),
+        ScoreRequest("q <|im_end|> q", docs, options=ScoreOptions(special_tokens="text")),
+        ScoreRequest("q", docs, options=ScoreOptions(doc_special_tokens="text", truncate="doc_end")),
+        ScoreRequest("q", docs[:1], options=ScoreOptions(template="plain", label_tokens=("a", "b"))),
+        ScoreRequest("q", docs[:1], options=ScoreOptions(label_tokens=("a", "not one token"))),
+    ]
+
+
+def _job_or_error(tokenizing: Tokenizing, req: ScoreRequest):
+    try:
+        job = tokenizing.tokenize(req)
+    except InvalidInput as e:
+        return e.field, str(e)
+    return (
+        tuple(job.prefix_ids),
+        job.items,
+        job.doc_tokens,
+        job.truncated,
+        job.label_ids,
+        job.shape,
+        job.tokens,
+    )
+
+
+def test_a_front_end_turns_each_request_into_the_engines_job(engine):
+    ref = Tokenizing(engine.tokenizer, engine.info)
+    front = Tokenizing(front_tokenizer(engine.info), engine.info)
+    answers = [(_job_or_error(front, r), _job_or_error(ref, r)) for r in _requests()]
+    assert all(mine == theirs for mine, theirs in answers), answers
+    assert isinstance(answers[-1][0][0], str)  # the error case: refused alike, naming its field
+
+
+def test_a_tokenizer_whose_calls_do_more_than_its_backend_is_loaded_by_transformers(engine):
+    truncating = type(engine.tokenizer).from_pretrained(engine.info.model_dir)
+    truncating._tokenizer.enable_truncation(16)
+    assert TokenizerSpec.of(truncating) is None
+    without = dataclasses.replace(engine.info, tokenizer=None)
+    tok = front_tokenizer(without)
+    assert not isinstance(tok, BackendTokenizer)
+    assert tok.encode("plain words") == engine.tokenizer.encode("plain words")
+
+
+def test_a_front_end_process_imports_no_auto_tokenizer():
+    """transformers' AutoTokenizer took 5 of a front end's 13-14 s of imports (2-core VM)."""
+    code = (
+        "import sys, scorer.server.frontend_process\n"
+        "sys.exit('transformers.models.auto.tokenization_auto' in sys.modules)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], timeout=300).returncode == 0
