@@ -1,10 +1,11 @@
 """The engine's fast tokenizer carried to a front-end process (``TokenizerSpec``) and rebuilt there
 on the ``tokenizers`` library alone (``BackendTokenizer``): a front end then imports no
-``transformers.AutoTokenizer``, which took 5 of the 13-14 s a front end spent importing on a 2-core
-VM (torch 3.6 s of the rest). The spec is the Rust backend exactly as transformers built it
-(``Tokenizer.to_str``: vocabulary, added tokens, normalizer, pre-tokenizer, post-processor), so
-the ids are the engine's by construction; what the wrapper adds (the unknown token, the default of
-``split_special_tokens``) travels beside it."""
+``transformers.AutoTokenizer``. On the 2-core VM a front end's start took 9.0 s and 358 MB with
+it, 4.8 s and 283 MB without (``python -m bench.frontend_start``; torch is most of the rest). The spec
+is the Rust backend exactly as transformers built it (``Tokenizer.to_str``: vocabulary, added
+tokens, normalizer, pre-tokenizer, post-processor), so the ids are the engine's by construction;
+what the wrapper adds (the unknown token, the default of ``split_special_tokens``) travels beside
+it."""
 
 from __future__ import annotations
 

@@ -25,6 +25,17 @@ def test_host_path_reports_every_stage(tmp_path, capsys) -> None:
     assert torch.get_num_threads() == threads  # the one-thread plan put torch's threads back
 
 
+def test_frontend_start_times_both_tokenizers_and_the_backend_is_the_lighter(tmp_path, capsys) -> None:
+    from bench import frontend_start
+
+    frontend_start.main(["--rounds", "1", "--out", str(tmp_path)])
+    modes = json.loads((tmp_path / "frontend_start.json").read_text())["modes"]
+    assert set(modes) == {"backend", "transformers"}
+    assert all(m["median_s"] > 0 for m in modes.values())
+    assert modes["backend"]["rss_mb"] < modes["transformers"]["rss_mb"]  # no AutoTokenizer's modules
+    assert "transformers" in capsys.readouterr().out
+
+
 def test_admission_replays_each_shape_under_each_rule(tmp_path, capsys) -> None:
     """bench.admission on a small pool: auto reads repeat10's prompts as admit 1 does (9 calls in
     10 against admit 2's 8), and writes a fraction of what admit 1 writes of unique prompts."""
@@ -265,8 +276,8 @@ def test_full_batches_drop_the_runt_a_saturated_batcher_never_forms():
 
 BENCHMARKS = [
     "admission", "attention_layouts", "cost_fit", "cpu_schemes", "e2e", "fp8", "fp8_check", "fp8_quant",
-    "host_path", "host_served", "kernel_profile", "kernels", "light_load", "plan_on_cache", "qk_norm_rope",
-    "report", "rms_norm", "throughput", "triton_gemm",
+    "frontend_start", "host_path", "host_served", "kernel_profile", "kernels", "light_load",
+    "plan_on_cache", "qk_norm_rope", "report", "rms_norm", "throughput", "triton_gemm",
 ]  # fmt: skip
 
 
