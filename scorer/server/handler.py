@@ -243,8 +243,10 @@ class CallHandler:
             return await front.fail(code, message, trailers + extra, exc)
         finally:
             seconds = time.monotonic() - call.started
-            self.inflight.leave()
+            # counted before it leaves the in-flight gauge: gRPC's abort answers the client before
+            # this runs, so a reader that sees no call in flight sees every answered call's count
             metrics.observe_request(front.api, call.scheme, code.name, seconds)
+            self.inflight.leave()
             log.info(
                 "%s %s scheme=%s %.1f ms%s",
                 SCORE_METHOD,

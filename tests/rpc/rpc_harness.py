@@ -88,6 +88,12 @@ class ServerProcess:
             time.sleep(0.02)
         return value
 
+    def settled(self, name: str, timeout: float = 10.0, **labels: str) -> float:
+        """``name`` once no call is in flight: every answered call counted (the handler counts a
+        call before it leaves the in-flight gauge, and gRPC's abort answers before either)."""
+        wait_for(lambda: self.metric("scorer_inflight_requests") == 0, timeout, "calls stayed in flight")
+        return self.metric(name, **labels)
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 

@@ -113,7 +113,7 @@ def test_bad_input_is_answered_with_its_code_and_field(server, case):
 def test_a_bad_request_id_is_refused_by_name_before_any_work(server, case):
     """No forged log line, no metadata the transport refuses: INVALID_ARGUMENT naming request_id,
     the x-request-id trailer a generated id, counted under its code."""
-    before = server.metric("scorer_requests_total", code="INVALID_ARGUMENT")
+    before = server.settled("scorer_requests_total", code="INVALID_ARGUMENT")
     msg = req(docs=(DOC, pb.Doc(id="x")))  # a bad doc too: the id is checked first
     msg.request_id = BAD_REQUEST_IDS[case]
     with pytest.raises(grpc.RpcError) as caught:
@@ -137,7 +137,7 @@ def test_good_request_ids_come_back(server):
 
 
 def test_garbage_bytes_are_invalid_argument_and_counted(server):
-    before = server.metric("scorer_requests_total", code="INVALID_ARGUMENT")
+    before = server.settled("scorer_requests_total", code="INVALID_ARGUMENT")
     with server.channel() as channel:
         raw = channel.unary_unary("/scorer.v1.Scorer/ScoreDocs")  # bytes in, bytes out
         with pytest.raises(grpc.RpcError) as caught:
