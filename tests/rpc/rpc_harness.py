@@ -116,7 +116,28 @@ def start_server(
     preload: Sequence[str] = (),
 ) -> ServerProcess:
     """Start ``python -m scorer.server`` on free loopback ports; return once health says SERVING.
-    ``preload``: modules of tests/ imported first (a scheme registered by a test, say)."""
+    ``preload``: modules of tests/ imported first (a scheme registered by a test, say). A port
+    chosen here and taken before the server bound it (``free_port`` frees it first: another
+    process's connection can take it meanwhile) is chosen again."""
+    for _ in range(3):
+        try:
+            return _start_server(cache_dir, log_dir, args, root_cert, preload)
+        except PortTaken:
+            continue
+    return _start_server(cache_dir, log_dir, args, root_cert, preload)
+
+
+class PortTaken(RuntimeError):
+    """The server exited because a port ``start_server`` chose was taken before it bound it."""
+
+
+def _start_server(
+    cache_dir: Path,
+    log_dir: Path,
+    args: Sequence[str],
+    root_cert: bytes | None,
+    preload: Sequence[str],
+) -> ServerProcess:
     port, metrics_port = free_port(), free_port()
     log_path = log_dir / f"server-{port}.log"
     main = ["-m", "scorer.server"]
@@ -138,7 +159,10 @@ def start_server(
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{server.log()}")
+            log = server.log()
+            ours = any(f":{p}: " in log for p in (port, metrics_port))
+            error = PortTaken if ours and "already in use" in log else RuntimeError
+            raise error(f"server exited with {proc.returncode}:\n{log}")
         try:
             if server.health(timeout=1.0) == health_pb2.HealthCheckResponse.SERVING:
                 return server
