@@ -5,6 +5,8 @@ open-loop load through the proxy."""
 
 from __future__ import annotations
 
+import csv
+import io
 import os
 import random
 import re
@@ -111,6 +113,23 @@ class RayApp:
     grpc_target: str  # Serve's gRPC proxy
     http_url: str  # the application's prefix on Serve's HTTP proxy
     metrics_url: str  # the replica's /metrics
+    haproxy_stats: str  # Ray's HAProxy's stats, CSV
+
+    def routed(self, app: str) -> set[str]:
+        """The replicas Ray's HAProxy routes the application's gRPC calls to: their servers UP in its
+        stats. A dead replica's server stays UP until HAProxy marks it DOWN (3 errors seen on its
+        connections, or 2 failed health checks) or Serve's controller takes it out of HAProxy's
+        configuration."""
+        with urllib.request.urlopen(self.haproxy_stats, timeout=10) as answer:
+            rows = csv.DictReader(io.StringIO(answer.read().decode().removeprefix("# ")))
+        replica = f"SERVE_REPLICA_{app}-"
+        return {
+            row["svname"]
+            for row in rows
+            if row["pxname"].startswith("grpc")
+            and row["svname"].startswith(replica)
+            and row["status"].startswith("UP")
+        }
 
 
 DIRECT_INGRESS_PORTS = {
@@ -135,8 +154,12 @@ def start(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayApp]:
         # a replica of direct ingress drains 30 s at least before it stops (for load balancers of
         # other hosts); HAProxy here learns at once
         env.setenv("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "2")
-        for key in HAPROXY_PORT_VARS:  # not HAProxy's defaults: make deploy-local's test runs beside
-            env.setenv(key, str(free_port()))
+        haproxy_ports = {key: free_port() for key in HAPROXY_PORT_VARS}
+        for (
+            key,
+            port,
+        ) in haproxy_ports.items():  # not HAProxy's defaults: make deploy-local's test runs beside
+            env.setenv(key, str(port))
         # nor the replicas' default port ranges: gRPC servers bind with SO_REUSEPORT, so a replica of
         # that other Ray would share this one's port and take its calls
         for key, port in DIRECT_INGRESS_PORTS.items():
@@ -158,7 +181,8 @@ def start(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayApp]:
         handle = serve.run(build_app(args), name=APP, route_prefix="/scorer")
         port = handle.metrics_port.remote().result()
         http_url, metrics_url = f"http://127.0.0.1:{http_port}/scorer", f"http://127.0.0.1:{port}/metrics"
-        app = RayApp(model_dir, f"127.0.0.1:{grpc_port}", http_url, metrics_url)
+        stats = f"http://127.0.0.1:{haproxy_ports['RAY_SERVE_HAPROXY_STATS_PORT']}/stats;csv"
+        app = RayApp(model_dir, f"127.0.0.1:{grpc_port}", http_url, metrics_url, stats)
         _wait_for_routes(app)
         yield app
     finally:
@@ -326,6 +350,13 @@ def engine_pids(replica: int) -> set[int]:
         except OSError:
             continue
     return out
+
+
+def unrouted(app: RayApp, name: str, before: set[str]) -> float:
+    """When Ray's HAProxy was seen to route application ``name``'s calls to one replica fewer of
+    ``before`` (``routed`` before a replica was killed): no call sent after it reaches the dead one."""
+    fewer = lambda: before - app.routed(name) and time.monotonic()  # noqa: E731
+    return wait_until(fewer, 60, f"HAProxy routed to every replica of {name} for a minute", 0.02)
 
 
 def wait_until(condition, timeout_s: float, what: str, every_s: float = 0.05):
