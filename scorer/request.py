@@ -31,7 +31,7 @@ from .options import (
 from .planning import Scheme, Shape, names
 from .planning.base import MAX_ITEM_LEN, PlanError
 from .token_ids import SHORT, TokenIds
-from .tokenizer import BackendTokenizer
+from .tokenizer import BackendTokenizer, plain_backend
 
 MAX_CACHE_SALT = 256  # characters
 VISIBLE = re.compile(r"[^\s\x00-\x1f\x7f-\x9f]")
@@ -619,12 +619,12 @@ def fast_backends(tokenizer):
 
     if isinstance(tokenizer, BackendTokenizer):
         return tokenizer.backends
-    backend = getattr(tokenizer, "_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
-    if backend is None or backend.truncation is not None or backend.padding is not None:
+    if (backend := plain_backend(tokenizer)) is None:
         return None
+    text = backend.to_str()
     copies = []
     for split in (False, True):
-        copy = Tokenizer.from_str(backend.to_str())
+        copy = Tokenizer.from_str(text)
         copy.encode_special_tokens = split
         copies.append(copy)
     return tuple(copies)

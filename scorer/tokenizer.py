@@ -12,6 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+def plain_backend(tokenizer):
+    """A transformers tokenizer's Rust backend where its wrapper's calls do no more than call it;
+    None for a slow tokenizer, or truncation or padding set on the backend."""
+    backend = getattr(tokenizer, "_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
+    if backend is None or backend.truncation is not None or backend.padding is not None:
+        return None
+    return backend
+
+
 @dataclass(frozen=True)
 class TokenizerSpec:
     backend: str = field(repr=False)  # the Rust backend's JSON
@@ -24,8 +33,7 @@ class TokenizerSpec:
         """The spec of a transformers tokenizer; None where its calls do more than its backend's
         (a slow tokenizer; truncation or padding set on the backend): a front end then loads it
         with transformers."""
-        backend = getattr(tokenizer, "_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
-        if backend is None or backend.truncation is not None or backend.padding is not None:
+        if (backend := plain_backend(tokenizer)) is None:
             return None
         return cls(
             backend.to_str(),

@@ -14,6 +14,19 @@ settings.register_profile("dev", max_examples=200, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    """A module's engine of the tiny model on the torch attention backend (up to 400 docs of 512
+    tokens), its compiled artefacts under a temporary ``SCORER_CACHE_DIR``; modules that need
+    another engine define their own."""
+    from scorer.engine import EngineConfig
+    from scorer.runtime import build_engine
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SCORER_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+        yield build_engine(attention_backend="torch", config=EngineConfig(max_docs=400, max_doc_tokens=512))
+
+
 @pytest.fixture(scope="session")
 def ray_app(tmp_path_factory):
     """One local Ray with the scorer application, shared by every Ray test (tests/ray_app.py)."""

@@ -24,14 +24,6 @@ def RAGGED(shape, options):  # noqa: N802 (a resolver for tokenize() alone)
     return get("ragged"), 0
 
 
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("SCORER_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-    yield build_engine(attention_backend="torch", config=EngineConfig(max_docs=64, max_doc_tokens=512))
-    mp.undo()
-
-
 def ids_request(prompt_ids, docs_ids, scheme, **options) -> ScoreRequest:
     return ScoreRequest(
         prompt="",

@@ -23,7 +23,6 @@ from scorer.prefix_cache import (
     prompt_key,
 )
 from scorer.request import Doc, ScoreOptions, ScoreRequest
-from scorer.runtime import build_engine
 from scorer.token_ids import TokenIds
 
 SCHEMES = list(REGISTRY)
@@ -32,11 +31,9 @@ TOL = 1e-4
 
 
 @pytest.fixture(scope="module")
-def off(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("SCORER_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-    yield build_engine(attention_backend="torch", config=EngineConfig(max_docs=64, max_doc_tokens=512))
-    mp.undo()
+def off(engine):
+    """The module's engine, its prefix cache off."""
+    return engine
 
 
 def cached_engine(off: Engine, capacity: int, admit: int = 1, **config) -> Engine:

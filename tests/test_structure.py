@@ -23,7 +23,6 @@ from scorer import cli
 from scorer.planning import REGISTRY
 from scorer.planning.schemes import unregister
 from scorer.request import Doc, ScoreOptions, ScoreRequest
-from scorer.runtime import build_engine
 from scorer.server.batcher import BatchPolicy
 from scorer.server.handler import CallHandler
 from scorer.server.lifecycle import grpc_server
@@ -45,14 +44,6 @@ def toy():
     toy_scheme.register()
     yield toy_scheme.TOY
     unregister(toy_scheme.TOY)
-
-
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("SCORER_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-    yield build_engine(attention_backend="torch", device="cpu")
-    mp.undo()
 
 
 def _request(scheme: str, seed: int = 0, n_docs: int = 4) -> ScoreRequest:

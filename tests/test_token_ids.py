@@ -8,23 +8,13 @@ import threading
 import numpy as np
 import pytest
 
-from scorer.engine import EngineConfig
 from scorer.request import Doc, InvalidInput, ScoreOptions, ScoreRequest
-from scorer.runtime import build_engine
 from scorer.server.convert import Counts, check_counts, request_from_proto
 from scorer.server.link import _Frames, for_engine
 from scorer.token_ids import SHORT, TokenIds
 from scorer.v1 import scorer_pb2 as pb
 
 PLAIN = pb.ScoreOptions(template="plain")
-
-
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("SCORER_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-    yield build_engine(attention_backend="torch", config=EngineConfig(max_docs=400, max_doc_tokens=512))
-    mp.undo()
 
 
 def parsed(msg: pb.ScoreDocsRequest) -> ScoreRequest:

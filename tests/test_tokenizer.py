@@ -6,11 +6,8 @@ import dataclasses
 import subprocess
 import sys
 
-import pytest
-
-from scorer.engine import EngineConfig, Tokenizing
+from scorer.engine import Tokenizing
 from scorer.request import Doc, InvalidInput, ScoreOptions, ScoreRequest
-from scorer.runtime import build_engine
 from scorer.server.frontend_process import front_tokenizer
 from scorer.tokenizer import BackendTokenizer, TokenizerSpec
 
@@ -24,14 +21,6 @@ TEXTS = (
     "<|im_end|><|im_end|>no space",
     "x" * 3000,
 )
-
-
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("SCORER_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-    yield build_engine(attention_backend="torch", config=EngineConfig(max_docs=64, max_doc_tokens=512))
-    mp.undo()
 
 
 def test_the_front_ends_tokenizer_encodes_and_looks_up_as_the_engines(engine):
