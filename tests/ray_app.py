@@ -93,16 +93,23 @@ def scrape(url: str, name: str, **labels: str) -> float:
     )
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
     """A free port below the ephemeral range and above Ray's worker ports (10002-19999): Ray's own
-    processes bind ephemeral ports while starting and would race for one picked from there."""
+    processes bind ephemeral ports while starting and would race for one picked from there. Never
+    one this process handed out before (it may not be bound yet)."""
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     for port in random.sample(range(20000, max(low, 20100)), 100):
+        if port in _HANDED_OUT:
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("0.0.0.0", port))
             except OSError:
                 continue
+            _HANDED_OUT.add(port)
             return port
     raise RuntimeError("no free port below the ephemeral range")
 

@@ -7,7 +7,6 @@ import importlib.util
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,16 +23,13 @@ from loadtest import metrics as lm
 from loadtest.driver import DriveConfig, Samples, compile_calls, drive, pause, schedule
 from scorer.models.tiny import ensure_tiny_model
 
+sys.path.insert(0, str(Path(__file__).resolve().parent / "rpc"))
+from rpc_harness import free_port  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 PNG = b"\x89PNG\r\n\x1a\n"
 SERVER_START_S = 120.0
 SMALL = ["--docs", "5", "--prompt-tokens", "16", "--doc-tokens", "uniform:8:24", "--token-ids"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _serving(target: str) -> bool:
@@ -51,7 +47,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     if importlib.util.find_spec("scorer.server") is None:
         pytest.skip("scorer.server is not importable yet: the real gRPC server has not landed")
     cache = tmp_path_factory.mktemp("scorer-cache")
-    port, metrics_port = _free_port(), _free_port()
+    port, metrics_port = free_port(), free_port()
     log = tmp_path_factory.mktemp("server-log") / "server.log"
     cmd = [sys.executable, "-m", "scorer", "serve", "--port", str(port), "--metrics-port", str(metrics_port)]
     cmd += ["--drain-seconds", "0", "--max-queue", "64", "--device", "cpu"]
