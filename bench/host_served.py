@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import json
 import os
 import shutil
 import signal
@@ -48,6 +47,7 @@ import grpc
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from loadtest import report
 from scorer import readout
 from scorer.engine import Engine, ScoreResult, logical_tokens
 from scorer.request import Job
@@ -305,7 +305,7 @@ def main_open_loop(a: argparse.Namespace, model: Path, root: Path) -> None:
             for r in runs:
                 print(
                     f"| {a.label} | {k} | {flags or '-'} | {r['offered_calls_s']:g} | {r['calls_s']:.1f}"
-                    f" | {r['docs_s']:.0f} | {r['p99_ms']:.1f} | {r['failed']} |"
+                    f" | {r['docs_s']:.0f} | {r['p99_ms'] or float('nan'):.1f} | {r['failed']} |"
                 )
             records.append({"round": k, "server_flags": flags, "runs": runs})
     if a.out:
@@ -324,16 +324,7 @@ def sweep(port: int, requests: Path, rates: str, seconds: float, out: Path) -> l
         "--deadline-ms", "2000", "--quiet", "--no-samples", "--out", str(out),
     ]  # fmt: skip
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    return [
-        {
-            "offered_calls_s": r["offered_rps"],
-            "calls_s": r["achieved_rps"],
-            "docs_s": r["achieved_docs_per_s"],
-            "p99_ms": (r["latency_seconds"]["p99"] or float("nan")) * 1e3,
-            "failed": r["failed"],
-        }
-        for r in json.loads((out / "report.json").read_text())["runs"]
-    ]
+    return report.rate_rows(report.load(out))
 
 
 if __name__ == "__main__":

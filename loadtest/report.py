@@ -271,6 +271,21 @@ def load(path: Path) -> dict:
     return json.loads((path / "report.json" if path.is_dir() else path).read_text())
 
 
+def rate_rows(report: dict) -> list[dict]:
+    """A sweep's runs, one row each: offered and achieved calls/s, docs/s, p99 in ms (None where no
+    call succeeded) and the calls that failed (what the benchmarks that sweep a server keep)."""
+    return [
+        {
+            "offered_calls_s": r["offered_rps"],
+            "calls_s": r["achieved_rps"],
+            "docs_s": r["achieved_docs_per_s"],
+            "p99_ms": None if r["latency_seconds"]["p99"] is None else r["latency_seconds"]["p99"] * 1e3,
+            "failed": r["failed"],
+        }
+        for r in report["runs"]
+    ]
+
+
 def compare(a: dict, b: dict, names: tuple[str, str] = ("A", "B")) -> str:
     """Markdown: the runs of A and B at the same load side by side (see ``pair_runs``), after a
     warning where the reports' offered rates differ."""

@@ -323,3 +323,36 @@ def test_results_name_only_what_the_tree_holds_and_every_data_file_is_named():
         ), path
     for f in files:
         assert any(f == n or f.startswith(n.rstrip("/") + "/") or fnmatch.fnmatch(f, n) for n in named), f
+
+
+def test_served_summary_takes_each_sweeps_best_rate_within_the_p99_bound(tmp_path):
+    """scripts/gpu/served_summary.py on two sweeps' report.json: the best docs/s of a run with no
+    failure within the bound, the sweep's most, and their ratio (None where a sweep has none)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts/gpu/served_summary.py"
+    spec = importlib.util.spec_from_file_location("served_summary", path)
+    summary = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(summary)
+
+    def sweep(name, runs):  # (offered, docs/s, p99 s or None, failed)
+        rows = [
+            {"offered_rps": o, "achieved_rps": o, "achieved_docs_per_s": d, "failed": f}
+            | {"latency_seconds": {"p99": p}}
+            for o, d, p, f in runs
+        ]
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "report.json").write_text(json.dumps({"runs": rows}))
+        return tmp_path / name
+
+    runs = [(100, 3000.0, 0.050, 0), (150, 4500.0, 0.099, 0), (170, 5000.0, 0.090, 2), (180, 5400.0, 0.2, 0)]
+    cache = sweep("cache", runs)
+    nocache = sweep("nocache", [(20, 640.0, 0.144, 0), (22, 700.0, None, 5)])
+    out = tmp_path / "summary.json"
+    assert summary.main([str(cache), str(nocache), str(out)]) == 0
+    got = json.loads(out.read_text())
+    best = got["cache"]
+    assert (best["docs_s"], best["p99_ms"], best["most_docs_s"]) == (4500.0, 99.0, 5400.0)
+    assert got["nocache"]["docs_s"] is None and got["nocache"]["most_docs_s"] == 700.0
+    assert got["nocache"]["runs"][1]["p99_ms"] is None and got["ratio"] is None

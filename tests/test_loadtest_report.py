@@ -171,3 +171,16 @@ def test_latency_chart_of_a_sweep_without_any_ok_call_saves(tmp_path) -> None:
         assert len([t for t in ax.texts if "calls failed" in t.get_text()]) == 2
     finally:
         plt.close(fig)
+
+
+# --- rate rows ----------------------------------------------------------------------------------
+
+
+def test_rate_rows_give_each_runs_rates_and_p99_in_ms_and_none_where_no_call_succeeded(tmp_path) -> None:
+    rep, runs = _report(_run("auto", 100.0), _run("auto", 200.0, code="UNAVAILABLE"))
+    report.write(tmp_path, rep, runs, samples=False)
+    ok, failed = report.rate_rows(report.load(tmp_path))
+    assert (ok["offered_calls_s"], ok["failed"]) == (100.0, 0)
+    assert ok["docs_s"] == rep["runs"][0]["achieved_docs_per_s"]
+    assert ok["p99_ms"] == pytest.approx(rep["runs"][0]["latency_seconds"]["p99"] * 1e3)
+    assert failed["p99_ms"] is None and failed["failed"] == N

@@ -41,7 +41,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import partial
 
 import torch
@@ -50,6 +50,7 @@ from .. import metrics
 from ..engine import ScoreResult
 from ..prefix_cache import as_ids
 from ..request import Job
+from ..settings import Settings
 
 log = logging.getLogger(__name__)
 DEADLINE_SLACK_S = 0.02
@@ -108,17 +109,22 @@ class Closed(Exception):
     """The batcher no longer takes calls."""
 
 
+_DEFAULTS = {f.name: f.default for f in fields(Settings)}
+
+
 @dataclass(frozen=True)
 class BatchPolicy:
-    max_batch_tokens: int = 16384
-    max_wait_s: float = 0.002
-    max_queue: int = 256
-    loop_path_gaps: float = 1.0
+    """The batcher's settings; each default is the server's (``Settings``)."""
+
+    max_batch_tokens: int = _DEFAULTS["max_batch_tokens"]
+    max_wait_s: float = _DEFAULTS["max_wait_ms"] / 1e3
+    max_queue: int = _DEFAULTS["max_queue"]
+    loop_path_gaps: float = _DEFAULTS["loop_path_gaps"]
     """The event-loop path under light load: calls at least this many batch times apart (0: at
     any idle moment; ``math.inf``: never). Measured at 0 and 2 on the H200, at 0, 1, 2 and never on
     a simulated device; at 0 A-text's p99 at 80% of capacity was 234 ms against 82 on the H200
     (bench/RESULTS.md, What did not pay)."""
-    cut_before_heavy: float = 4.0
+    cut_before_heavy: float = _DEFAULTS["cut_before_heavy"]
     """A cut stops before a call that computes at least this many times the tokens of the calls
     ahead of it in the batch (0: never). On a prompt reused by consecutive calls, its first call
     computes thousands of rows and the others, read from the prefix cache, a few hundred: a cut

@@ -14,34 +14,29 @@ import argparse
 import json
 from pathlib import Path
 
+from loadtest.report import load, rate_rows
+
 
 def best(sweep: Path, p99_ms: float) -> dict:
     """The sweep's best run within the p99 bound (None where no run is) and its saturation."""
-    runs = json.loads((sweep / "report.json").read_text())["runs"]
-    within = [
-        r
-        for r in runs
-        if not r["failed"]
-        and r["latency_seconds"]["p99"] is not None
-        and r["latency_seconds"]["p99"] * 1e3 <= p99_ms
-    ]
-    top = max(within, key=lambda r: r["achieved_docs_per_s"], default=None)
+    rows = rate_rows(load(sweep))
+    within = [r for r in rows if not r["failed"] and r["p99_ms"] is not None and r["p99_ms"] <= p99_ms]
+    top = max(within, key=lambda r: r["docs_s"], default=None)
+    one = lambda v: None if v is None else round(v, 1)  # noqa: E731
     return {
-        "docs_s": round(top["achieved_docs_per_s"], 1) if top else None,
-        "calls_s": round(top["achieved_rps"], 1) if top else None,
-        "offered_calls_s": top["offered_rps"] if top else None,
-        "p99_ms": round(top["latency_seconds"]["p99"] * 1e3, 1) if top else None,
-        "most_docs_s": round(max(r["achieved_docs_per_s"] for r in runs), 1),
+        "docs_s": one(top and top["docs_s"]),
+        "calls_s": one(top and top["calls_s"]),
+        "offered_calls_s": top["offered_calls_s"] if top else None,
+        "p99_ms": one(top and top["p99_ms"]),
+        "most_docs_s": one(max(r["docs_s"] for r in rows)),
         "runs": [
             {
-                "offered_calls_s": r["offered_rps"],
-                "docs_s": round(r["achieved_docs_per_s"], 1),
-                "p99_ms": None
-                if r["latency_seconds"]["p99"] is None
-                else round(r["latency_seconds"]["p99"] * 1e3, 1),
+                "offered_calls_s": r["offered_calls_s"],
+                "docs_s": one(r["docs_s"]),
+                "p99_ms": one(r["p99_ms"]),
                 "failed": r["failed"],
-            }
-            for r in runs
+            }  # fmt: skip
+            for r in rows
         ],
     }
 
