@@ -356,3 +356,4 @@ def test_served_summary_takes_each_sweeps_best_rate_within_the_p99_bound(tmp_pat
     assert (best["docs_s"], best["p99_ms"], best["most_docs_s"]) == (4500.0, 99.0, 5400.0)
     assert got["nocache"]["docs_s"] is None and got["nocache"]["most_docs_s"] == 700.0
     assert got["nocache"]["runs"][1]["p99_ms"] is None and got["ratio"] is None
+    assert got["ratio_to_nocache_most"] == round(4500 / 700, 2)
