@@ -31,7 +31,7 @@ from .options import (
 from .planning import Scheme, Shape, names
 from .planning.base import MAX_ITEM_LEN, PlanError
 from .token_ids import SHORT, TokenIds
-from .tokenizer import BackendTokenizer, plain_backend
+from .tokenizer import BackendTokenizer, TokenizerSpec
 
 MAX_CACHE_SALT = 256  # characters
 VISIBLE = re.compile(r"[^\s\x00-\x1f\x7f-\x9f]")
@@ -615,19 +615,12 @@ def fast_backends(tokenizer):
     padding set on the backend). Called directly, a 50-token doc encodes in half the wrapper's
     time; and the setting is never switched on a backend the tokenizer threads share (the
     wrapper switches its one backend's for every call)."""
-    from tokenizers import Tokenizer
-
-    if isinstance(tokenizer, BackendTokenizer):
-        return tokenizer.backends
-    if (backend := plain_backend(tokenizer)) is None:
-        return None
-    text = backend.to_str()
-    copies = []
-    for split in (False, True):
-        copy = Tokenizer.from_str(text)
-        copy.encode_special_tokens = split
-        copies.append(copy)
-    return tuple(copies)
+    if not isinstance(tokenizer, BackendTokenizer):
+        spec = TokenizerSpec.of(tokenizer)
+        if spec is None:
+            return None
+        tokenizer = BackendTokenizer(spec)
+    return tokenizer.backends
 
 
 def _checked_ids(ids: Sequence[int], vocab_size: int, field_name: str) -> Sequence[int]:

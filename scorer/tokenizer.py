@@ -12,15 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-def plain_backend(tokenizer):
-    """A transformers tokenizer's Rust backend where its wrapper's calls do no more than call it;
-    None for a slow tokenizer, or truncation or padding set on the backend."""
-    backend = getattr(tokenizer, "_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
-    if backend is None or backend.truncation is not None or backend.padding is not None:
-        return None
-    return backend
-
-
 @dataclass(frozen=True)
 class TokenizerSpec:
     backend: str = field(repr=False)  # the Rust backend's JSON
@@ -33,7 +24,8 @@ class TokenizerSpec:
         """The spec of a transformers tokenizer; None where its calls do more than its backend's
         (a slow tokenizer; truncation or padding set on the backend): a front end then loads it
         with transformers."""
-        if (backend := plain_backend(tokenizer)) is None:
+        backend = getattr(tokenizer, "_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
+        if backend is None or backend.truncation is not None or backend.padding is not None:
             return None
         return cls(
             backend.to_str(),
@@ -53,8 +45,8 @@ class BackendTokenizer:
     def __init__(self, spec: TokenizerSpec) -> None:
         from tokenizers import Tokenizer
 
-        self._tokenizer = Tokenizer.from_str(spec.backend)
-        self._split = Tokenizer.from_str(spec.backend)  # never switched: threads share both
+        self._tokenizer, self._split = (Tokenizer.from_str(spec.backend) for _ in range(2))
+        self._tokenizer.encode_special_tokens = False  # each set once here: threads share both
         self._split.encode_special_tokens = True
         self.unk_token, self.unk_token_id = spec.unk_token, spec.unk_token_id
         self.split_special_tokens = spec.split_special_tokens

@@ -161,11 +161,9 @@ def start(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayApp]:
         # a replica of direct ingress drains 30 s at least before it stops (for load balancers of
         # other hosts); HAProxy here learns at once
         env.setenv("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "2")
+        # not HAProxy's defaults: make deploy-local's test runs beside
         haproxy_ports = {key: free_port() for key in HAPROXY_PORT_VARS}
-        for (
-            key,
-            port,
-        ) in haproxy_ports.items():  # not HAProxy's defaults: make deploy-local's test runs beside
+        for key, port in haproxy_ports.items():
             env.setenv(key, str(port))
         # nor the replicas' default port ranges: gRPC servers bind with SO_REUSEPORT, so a replica of
         # that other Ray would share this one's port and take its calls

@@ -25,18 +25,14 @@ def best(sweep: Path, p99_ms: float) -> dict:
     top = max(within, key=lambda r: r["docs_s"], default=None)
     one = lambda v: None if v is None else round(v, 1)  # noqa: E731
     return {
-        "docs_s": one(top and top["docs_s"]),
-        "calls_s": one(top and top["calls_s"]),
+        "docs_s": one(top["docs_s"]) if top else None,
+        "calls_s": one(top["calls_s"]) if top else None,
         "offered_calls_s": top["offered_calls_s"] if top else None,
-        "p99_ms": one(top and top["p99_ms"]),
+        "p99_ms": one(top["p99_ms"]) if top else None,
         "most_docs_s": one(max(r["docs_s"] for r in rows)),
         "runs": [
-            {
-                "offered_calls_s": r["offered_calls_s"],
-                "docs_s": one(r["docs_s"]),
-                "p99_ms": one(r["p99_ms"]),
-                "failed": r["failed"],
-            }  # fmt: skip
+            {"offered_calls_s": r["offered_calls_s"], "docs_s": one(r["docs_s"]), "p99_ms": one(r["p99_ms"])}
+            | {"failed": r["failed"]}
             for r in rows
         ],
     }
