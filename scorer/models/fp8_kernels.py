@@ -273,6 +273,8 @@ if triton is not None:
         tl.store(q_ptr + r64 * N + cols[None, :], q, mask=ok)
         tl.store(s_ptr + rows, scale, mask=row_ok)
 
+    from scorer.models.triton_ops import grouped_tile
+
     @triton.jit(do_not_specialize=["M", "PROGRAMS"])
     def _rowmax_mm_kernel(
         x_desc, w_desc, y_desc, amax_ptr, ws_ptr, M, N, K, PROGRAMS,
@@ -285,12 +287,8 @@ if triton is not None:
         quantized by them and multiplied in FP8."""
         num_m = tl.cdiv(M, BLOCK_M)
         num_n = tl.cdiv(N, BLOCK_N)
-        per_group = GROUP_M * num_n
         for tile in tl.range(tl.program_id(0), num_m * num_n, PROGRAMS):
-            first_m = (tile // per_group) * GROUP_M
-            size_m = min(num_m - first_m, GROUP_M)
-            pid_m = first_m + (tile % per_group) % size_m
-            pid_n = (tile % per_group) // size_m
+            pid_m, pid_n = grouped_tile(tile, num_m, num_n, GROUP_M)
             om = pid_m * BLOCK_M
             on = pid_n * BLOCK_N
             rows = om + tl.arange(0, BLOCK_M)

@@ -485,6 +485,15 @@ def num_sms(device: torch.device) -> int:
 
 if triton is not None:
 
+    @triton.jit
+    def grouped_tile(tile, num_m, num_n, GROUP_M: tl.constexpr):
+        """(row block, column block) of output tile ``tile`` in grouped order: GROUP_M row blocks
+        in turn for each column block, so that they share its weights in L2."""
+        per_group = GROUP_M * num_n
+        first_m = (tile // per_group) * GROUP_M
+        size_m = min(num_m - first_m, GROUP_M)
+        return first_m + (tile % per_group) % size_m, (tile % per_group) // size_m
+
     @triton.jit(do_not_specialize=["M", "PROGRAMS"])
     def _gate_up_silu_kernel(
         x_desc, w_desc, y_desc, xs_ptr, ws_ptr, amax_ptr, M, N, K,
@@ -497,14 +506,10 @@ if triton is not None:
         tile; per tile two accumulators over K, g (weight rows n..) and u (rows N + n..)."""
         num_m = tl.cdiv(M, BLOCK_M)
         num_n = N // BLOCK_N
-        per_group = GROUP_M * num_n
         for tile in tl.range(
             tl.program_id(0), num_m * num_n, PROGRAMS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE
         ):
-            first_m = (tile // per_group) * GROUP_M
-            size_m = min(num_m - first_m, GROUP_M)
-            pid_m = first_m + (tile % per_group) % size_m
-            pid_n = (tile % per_group) // size_m
+            pid_m, pid_n = grouped_tile(tile, num_m, num_n, GROUP_M)
             om = pid_m * BLOCK_M
             on = pid_n * BLOCK_N
             g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
