@@ -140,7 +140,7 @@ class MLP(nn.Module):
         self.gate_up: tuple[torch.Tensor, torch.Tensor | None] | nn.Module | None = None  # or FP8's
         self.swiglu_gemm = False  # ``DecoderLM.swiglu_gemm``
         self.quantize = False  # the FP8 gate/up writes its output in FP8 for an FP8 down projection
-        self.down_quantizes = True  # ``DecoderLM.down_quantizes``
+        self.down_quantizes = False  # ``DecoderLM.down_quantizes``
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The MLP of x."""
@@ -338,8 +338,9 @@ class DecoderLM(nn.Module):
     def down_quantizes(self) -> bool:
         """Does an FP8 down projection quantize its input as it reads it (``fp8_kernels.rowmax_mm``,
         the gate/up GEMM writing each row's absmax beside its bf16 output) instead of a quantizing
-        pass over that output before cuBLAS's GEMM? The default where both run (Hopper, Triton).
-        Settable before graphs are built (benchmarks)."""
+        pass over that output before cuBLAS's GEMM (Hopper, Triton)? Off: its speed against the
+        pass has not been measured (bench/RESULTS.md, Not measured). Settable before graphs are
+        built (benchmarks)."""
         return all(layer.mlp.down_quantizes for layer in self.model.layers)
 
     @down_quantizes.setter

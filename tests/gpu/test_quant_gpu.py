@@ -159,22 +159,22 @@ def test_the_down_gemm_quantizes_its_input_as_it_reads_it(rows, hidden, inter):
 
 
 def test_the_mlp_quantizes_the_down_input_in_the_gemm(fp8_gpu):
-    """A pass of at least ``SWIGLU_MIN_ROWS`` rows: the MLP's gate/up GEMM writes the rows' absmax
-    and the down GEMM quantizes as it reads (``DecoderLM.down_quantizes``, the default); within the
-    GEMMs' rounding of the quantizing pass before cuBLAS's GEMM."""
+    """A pass of at least ``SWIGLU_MIN_ROWS`` rows with ``DecoderLM.down_quantizes``: the MLP's
+    gate/up GEMM writes the rows' absmax and the down GEMM quantizes as it reads; within the GEMMs'
+    rounding of the quantizing pass before cuBLAS's GEMM (the default)."""
     mlp = fp8_gpu.runner.model.model.layers[0].mlp
     hidden = mlp.down_proj.out_features
     x = fp8_kernels.quantize(torch.randn(triton_ops.SWIGLU_MIN_ROWS + 100, hidden, dtype=BF16, device="cuda"))
-    act = mlp.act(x)
-    assert isinstance(act, fp8_kernels.RowMax)
-    got = mlp.down_proj(act).float()
-    mlp.down_quantizes = False
+    passed = mlp.act(x)
+    assert isinstance(passed, fp8_kernels.Quantized)
+    want = mlp.down_proj(passed).float()
+    mlp.down_quantizes = True
     try:
-        passed = mlp.act(x)
-        assert isinstance(passed, fp8_kernels.Quantized)
-        want = mlp.down_proj(passed).float()
+        act = mlp.act(x)
+        assert isinstance(act, fp8_kernels.RowMax)
+        got = mlp.down_proj(act).float()
     finally:
-        mlp.down_quantizes = True
+        mlp.down_quantizes = False
     top = want.abs().max().item()
     assert (got - want).abs().max().item() < 0.02 * top
 
@@ -222,7 +222,6 @@ def fp8_gpu(checkpoint):
     assert isinstance(layer.mlp.down_proj, Fp8Linear)
     # the fused path: merged FP8 GEMMs, their inputs quantized by the kernels that make them
     assert isinstance(layer.mlp.gate_up, Fp8Linear) and layer.input_layernorm.quantize
-    assert engine.runner.model.down_quantizes
     assert engine.runner.capture_graphs() > 0
     return engine
 
@@ -261,10 +260,16 @@ def test_every_scheme_scores_as_fp8_naive(scheme, fp8_scores):
     assert worst < FP8_TOL, f"{scheme}: max |{scheme} - naive| in FP8 = {worst:.4f}"
 
 
-def test_fp8_scores_of_passes_past_the_gemm_kernels_rows(fp8_gpu, fp8_cpu):
-    """Calls of ~2,000 tokens each: their passes run Triton's gate/up GEMM and the down GEMM that
-    quantizes its input (from ``triton_ops.SWIGLU_MIN_ROWS`` rows on), within FP8's rounding of the
-    CPU reference."""
+@pytest.mark.parametrize("down_quantizes", [False, True])
+def test_fp8_scores_of_passes_past_the_gemm_kernels_rows(checkpoint, fp8_gpu, fp8_cpu, down_quantizes):
+    """Calls of ~2,000 tokens each: their passes run Triton's gate/up GEMM (from
+    ``triton_ops.SWIGLU_MIN_ROWS`` rows on), and with ``down_quantizes`` the down GEMM that
+    quantizes its input, in the CUDA graphs; within FP8's rounding of the CPU reference."""
+    engine = fp8_gpu
+    if down_quantizes:
+        engine = build_engine(checkpoint, "flashinfer", "cuda", BF16, EngineConfig(), quantization="fp8")
+        engine.runner.model.down_quantizes = True
+        assert engine.runner.capture_graphs() > 0
     rng = random.Random(7)
 
     def text(k: int) -> str:
@@ -278,9 +283,9 @@ def test_fp8_scores_of_passes_past_the_gemm_kernels_rows(fp8_gpu, fp8_cpu):
         )
         for _ in range(2)
     ]
-    got = [d.score for r in fp8_gpu.score_batch([fp8_gpu.tokenize(c) for c in calls]) for d in r.results]
+    got = [d.score for r in engine.score_batch([engine.tokenize(c) for c in calls]) for d in r.results]
     ref = [d.score for r in fp8_cpu.score_batch([fp8_cpu.tokenize(c) for c in calls]) for d in r.results]
-    shapes = [fp8_gpu.tokenize(c).shape for c in calls]
+    shapes = [engine.tokenize(c).shape for c in calls]
     assert min(s.prefix_len + sum(s.item_lens) for s in shapes) >= triton_ops.SWIGLU_MIN_ROWS
     worst = max(abs(a - b) for a, b in zip(got, ref, strict=True))
     assert worst < FP8_TOL, f"max |fp8 gpu - fp8 cpu reference| on long calls = {worst:.4f}"
