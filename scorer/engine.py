@@ -18,7 +18,7 @@ import torch
 
 from . import readout
 from .devices import to_device
-from .options import GPU_MIN_CACHE_READ_TOKENS, MAX_DOC_TOKENS, MAX_DOCS
+from .options import GPU_MIN_CACHE_READ_ROWS_PER_TOKEN, GPU_MIN_CACHE_READ_TOKENS, MAX_DOC_TOKENS, MAX_DOCS
 from .planning import AUTO, Plan, PlanError, Scheme, Shape, get, plan_batch
 from .planning.cached import on_pool, with_pool_copies
 from .planning.choose import auto_policy
@@ -74,7 +74,8 @@ class EngineConfig:
     min_cache_read_tokens: int | None = None
     """A batch reads prompt K/V from the prefix cache only where that saves at least this many
     rows of its forward; a batch whose hits save fewer computes its prompts (and writes the blocks
-    it was to write). None: ``GPU_MIN_CACHE_READ_TOKENS`` on a GPU, 0 (every hit read) elsewhere."""
+    it was to write). None: on a GPU ``GPU_MIN_CACHE_READ_TOKENS`` plus one per
+    ``GPU_MIN_CACHE_READ_ROWS_PER_TOKEN`` rows of the batch, 0 (every hit read) elsewhere."""
     template: str = ""  # the template of a call that names none ("": ScoreOptions.template's)
     template_file: str = ""  # a team's own template (request.load_template), the default unless ``template``
     score_label: str = ""
@@ -193,6 +194,8 @@ class Engine(Tokenizing):
         least = self.config.min_cache_read_tokens
         on_gpu = runner.device.type == "cuda"
         self.min_cache_read = (GPU_MIN_CACHE_READ_TOKENS if on_gpu else 0) if least is None else least
+        self.min_cache_read_rows = GPU_MIN_CACHE_READ_ROWS_PER_TOKEN if on_gpu and least is None else 0
+        """Rows of a batch (computed whole) that raise ``min_cache_read`` by one; 0: never."""
         share = self.config.prompt_recompute_share
         self.recompute_share = copy_share(mc) if share is None else share
 
@@ -326,7 +329,8 @@ class Engine(Tokenizing):
             raise
 
     def _declines(self, jobs: Sequence[Job], hits) -> bool:
-        """Do the batch's hits save too few rows to be read (``min_cache_read``)? Then it computes
+        """Do the batch's hits save too few rows to be read (``min_cache_read``, plus one per
+        ``min_cache_read_rows`` rows of the batch computed whole)? Then it computes
         its prompts, unless that takes it over the token budget of a pass (the batcher filled it by
         the rows left to compute: a declined read would cost a pass more), or a scheme cannot take
         a whole prompt (``auto`` chose it on the cached shape, its custom mask within the cap)."""
@@ -338,7 +342,10 @@ class Engine(Tokenizing):
             if h.num_cached
         )
         c = self.config
-        if saved >= self.min_cache_read or 0 < c.max_tokens_per_pass < sum(rows):
+        least = self.min_cache_read + (
+            sum(rows) // self.min_cache_read_rows if self.min_cache_read_rows else 0
+        )
+        if saved >= least or 0 < c.max_tokens_per_pass < sum(rows):
             return False
         try:
             for j, f in zip(jobs, full, strict=True):

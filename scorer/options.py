@@ -30,13 +30,17 @@ CPU_AUTO_MIB = 64
 GPU_AUTO_SHARE = 0.4
 """``--prefix-cache-mib auto`` on a GPU: this share of the memory free after the model loaded
 (the rest is left to activations, CUDA graphs and the K/V of plans off the cache)."""
-GPU_MIN_CACHE_READ_TOKENS = 1024
-"""On the H200 a batch on the cache's pool pays ~1.1 ms + 0.07 ms per 1k rows for its paged reads
-against the same batch off it, and a row of the 0.6B model's forward ~2 us (measured batches of
-the 200 + 20 x 60 workload: 3 calls that hit, 576 rows saved, ran 3% slower than computing their
-prompts; 3 of 11 calls that hit, 576 rows, 5.5% slower; 11 that hit, 2,112 rows, 6.5% faster): a
-read pays from ~600-1,100 rows saved, more in larger batches. A lone 300-token-prompt call that
-hits saves 300."""
+GPU_MIN_CACHE_READ_TOKENS = 420
+GPU_MIN_CACHE_READ_ROWS_PER_TOKEN = 22
+"""On a GPU a batch reads its hits from the prefix cache where they save at least
+``GPU_MIN_CACHE_READ_TOKENS`` rows plus one per ``GPU_MIN_CACHE_READ_ROWS_PER_TOKEN`` rows of the
+batch computed whole: a batch on the pool pays ~1.1 ms + 0.07 ms per 1k rows for its paged reads,
+and a row's forward costs less in a larger batch, so a read pays from more rows saved there. On the
+H200 (bench/RESULTS.md, the prefix cache; Qwen3-0.6B): batches of 850-1,700 rows read faster from
+between 352 and 576 rows saved; 3 E calls (4,200 rows) saving 576 ran 3% slower read; 11 (15,400
+rows) saving 576 5.5% slower, saving 2,112 6.5% faster. 420 + rows / 22 lies within each: 459 at
+850 rows, 493 at 1,600, 611 at 4,200, 1,120 at 15,400. A lone 300-token-prompt call that hits
+saves 300."""
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from .options import (
     DTYPE_NAMES,
     FALLBACKS,
     GPU_AUTO_SHARE,
+    GPU_MIN_CACHE_READ_ROWS_PER_TOKEN,
     GPU_MIN_CACHE_READ_TOKENS,
     MAX_DOC_BYTES,
     MAX_DOC_TOKENS,
@@ -286,7 +287,8 @@ class Settings:
         "rows of its forward a batch's prefix-cache hits must save for it to read them; one whose hits"
         " save fewer computes its prompts, within a pass's token budget (the pool's paged reads cost"
         " a small batch more than that);"
-        f" auto: {GPU_MIN_CACHE_READ_TOKENS} on a GPU, 0 (every hit read) on the CPU",
+        f" auto: {GPU_MIN_CACHE_READ_TOKENS} plus one per {GPU_MIN_CACHE_READ_ROWS_PER_TOKEN} rows"
+        " of the batch on a GPU, 0 (every hit read) on the CPU",
         metavar="TOKENS|auto",
         check=_auto_or_count("tokens"),
     )

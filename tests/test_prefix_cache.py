@@ -458,6 +458,27 @@ def test_a_batch_that_fails_to_launch_leaves_nothing_behind(off, monkeypatch):
     assert on.score(request(prompt, [[1, 2]])).usage.cached_prompt_tokens == 0  # its blocks were dropped
 
 
+def test_the_rows_a_read_must_save_grow_with_the_batch(off):
+    """The GPU's rule (``Engine.min_cache_read_rows``): a hit must save ``min_cache_read`` rows plus
+    one per ``min_cache_read_rows`` rows of the batch computed whole, so the same 96-row hit is
+    read by a call of 5 docs and computed by one of 30. Settings' ``auto`` sets the rule on a GPU
+    only; a number is the threshold alone."""
+    on = cached_engine(off, 4000, min_cache_read_tokens=80)
+    assert on.min_cache_read_rows == 0  # a number given: no growth
+    on.min_cache_read_rows = 10
+    rng = random.Random(11)
+    prompt = [rng.randrange(VOCAB) for _ in range(100)]
+    docs = [[rng.randrange(VOCAB) for _ in range(10)] for _ in range(30)]
+    on.score(request(prompt, docs[:5], "ragged"))  # writes 96 tokens' blocks
+    few = on.score(request(prompt, docs[:5], "ragged"))  # 150 rows: 96 >= 80 + 15, read
+    assert few.usage.cached_prompt_tokens == 96
+    many = on.score(request(prompt, docs, "ragged"))  # 400 rows: 96 < 80 + 40, computed
+    assert many.usage.cached_prompt_tokens == 0 and on.cache.stats["declined_tokens"] == 96
+    assert_close(many, off.score(request(prompt, docs, "ragged")))
+    auto = Engine(off.runner, off.tokenizer, replace(on.config, min_cache_read_tokens=None), cache=on.cache)
+    assert (auto.min_cache_read, auto.min_cache_read_rows) == (0, 0)  # auto on the CPU: every hit read
+
+
 def test_a_batch_whose_hits_save_too_few_rows_computes_its_prompts_and_still_writes(off):
     """``min_cache_read_tokens``: a batch whose hits would save fewer rows computes its prompts off
     the pool (usage: nothing cached) and still writes the blocks it was to write, after the cached

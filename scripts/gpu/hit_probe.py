@@ -31,7 +31,7 @@ groups = int(os.environ.get("HIT_GROUPS", "25"))
 engine = ready_engine(Settings(model=ckpt or None, prefix_cache_admit=2))  # the sightings below are admit 2's
 assert engine.cache is not None, "the prefix cache is off in this engine's settings"
 MODES = ("off", "first", "write", "hit", "rule")
-RULE = engine.min_cache_read  # the serving default; the other modes read every hit
+RULE = engine.min_cache_read, engine.min_cache_read_rows  # the serving default; the others read every hit
 
 
 def timed(batch, gap: float) -> tuple[float, float, int]:
@@ -59,7 +59,7 @@ def probe(calls: str, reqs: list) -> list[dict]:
                 assert len(batch) == b, "not enough calls in the file"
                 off = [replace(r, options=replace(r.options, prefix_cache="off")) for r in batch]
                 for mode, sent in zip(MODES, (off, batch, batch, batch, batch), strict=True):
-                    engine.min_cache_read = RULE if mode == "rule" else 0
+                    engine.min_cache_read, engine.min_cache_read_rows = RULE if mode == "rule" else (0, 0)
                     for acc, v in zip(got[mode], timed(sent, gap), strict=True):
                         acc.append(v)
             for mode in MODES:

@@ -15,7 +15,12 @@ if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 pytest.importorskip("flashinfer")
 
-from scorer.engine import GPU_MIN_CACHE_READ_TOKENS, Engine, EngineConfig  # noqa: E402
+from scorer.engine import (  # noqa: E402
+    GPU_MIN_CACHE_READ_ROWS_PER_TOKEN,
+    GPU_MIN_CACHE_READ_TOKENS,
+    Engine,
+    EngineConfig,
+)
 from scorer.planning import REGISTRY  # noqa: E402
 from scorer.prefix_cache import PrefixCache  # noqa: E402
 from scorer.request import Doc, ScoreOptions, ScoreRequest  # noqa: E402
@@ -123,7 +128,10 @@ def test_every_scheme_on_cached_kv_scores_as_without_the_cache(engines, scheme, 
         assert cached == 192
     elif declining:  # a batch's hit saves 192 rows (naive's, 6 * 192) of its forward
         declined = on.cache.stats["declined_tokens"]
-        assert on.min_cache_read == GPU_MIN_CACHE_READ_TOKENS
+        assert (on.min_cache_read, on.min_cache_read_rows) == (
+            GPU_MIN_CACHE_READ_TOKENS,
+            GPU_MIN_CACHE_READ_ROWS_PER_TOKEN,
+        )
         assert cached + declined == 2 * 192
         if scheme != "auto":
             assert cached == (2 * 192 if REGISTRY[scheme].recomputes_prompt else 0)
