@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from itertools import chain
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -39,9 +40,11 @@ from .request import (
     load_template,
     tokenize,
 )
-from .runner import ModelRunner
 from .token_ids import TokenIds
 from .tokenizer import TokenizerSpec
+
+if TYPE_CHECKING:  # the runner brings the models and transformers, which a front end never needs
+    from .runner import ModelRunner
 
 log = logging.getLogger(__name__)
 
