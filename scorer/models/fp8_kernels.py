@@ -174,10 +174,12 @@ def rowmax_mm(
         or not tma_rows(x)
         or not tma_rows(out)
         or amax.shape[0] != m
+        or amax.dtype != torch.float32
         or not amax.is_contiguous()
     ):
         raise ValueError(
-            f"rowmax_mm needs aligned, contiguous rows and [{m}, P] absmaxes, got {tuple(amax.shape)}"
+            f"rowmax_mm needs aligned, contiguous rows and [{m}, P] fp32 absmaxes,"
+            f" got {amax.dtype} {tuple(amax.shape)}"
         )
     if m == 0:
         return out
