@@ -471,7 +471,7 @@ _CAPABILITY: dict = {}
 
 def capability(device: torch.device) -> int:
     if device not in _CAPABILITY:
-        _CAPABILITY[device] = torch.cuda.get_devicecapability(device)[0]
+        _CAPABILITY[device] = torch.cuda.get_device_capability(device)[0]
     return _CAPABILITY[device]
 
 
