@@ -344,11 +344,9 @@ class Engine(Tokenizing):
             for j, f, h, n in zip(jobs, full, hits, rows, strict=True)
             if h.num_cached
         )
-        c = self.config
-        least = self.min_cache_read + (
-            sum(rows) // self.min_cache_read_rows if self.min_cache_read_rows else 0
-        )
-        if saved >= least or 0 < c.max_tokens_per_pass < sum(rows):
+        c, whole = self.config, sum(rows)
+        least = self.min_cache_read + (whole // self.min_cache_read_rows if self.min_cache_read_rows else 0)
+        if saved >= least or 0 < c.max_tokens_per_pass < whole:
             return False
         try:
             for j, f in zip(jobs, full, strict=True):

@@ -154,18 +154,18 @@ class MLP(nn.Module):
         if isinstance(self.gate_up, nn.Module):  # FP8; an FP8 down GEMM's input quantized as it is made
             fp8 = self.gate_up
             if isinstance(x, fp8_kernels.Quantized) and self._one_gemm(x.q, fp8.weight, fp8.bias):
-                n = fp8.weight.shape[0] // 2
+                n, amax = fp8.weight.shape[0] // 2, None
                 if (
                     self.quantize
                     and self.down_quantizes
                     and fp8_kernels.rowmax_mm_supported(n, self.down_proj.weight)
                 ):
                     amax = x.q.new_empty(x.q.shape[0], n // triton_ops.AMAX_BLOCK, dtype=torch.float32)
-                    act = triton_ops.gate_up_silu(
-                        x.q, fp8.weight, x_scale=x.scale, w_scale=fp8.weight_scale, row_amax=amax
-                    )
+                act = triton_ops.gate_up_silu(
+                    x.q, fp8.weight, x_scale=x.scale, w_scale=fp8.weight_scale, row_amax=amax
+                )
+                if amax is not None:  # the down GEMM quantizes it as it reads it
                     return fp8_kernels.RowMax(act, amax)
-                act = triton_ops.gate_up_silu(x.q, fp8.weight, x_scale=x.scale, w_scale=fp8.weight_scale)
                 return fp8_kernels.quantize(act) if self.quantize else act
             return fp8_kernels.silu_mul_quant(fp8(x)) if self.quantize else fused.silu_and_mul(fp8(x))
         w, b = self.gate_up
