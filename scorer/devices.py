@@ -9,7 +9,7 @@ memory (PyTorch's caching host allocator keeps the block until the copy has run)
 
 from __future__ import annotations
 
-import torch
+from .lazy_torch import torch
 
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:

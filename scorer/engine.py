@@ -15,10 +15,10 @@ from itertools import chain
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from . import readout
 from .devices import to_device
+from .lazy_torch import torch
 from .options import GPU_MIN_CACHE_READ_ROWS_PER_TOKEN, GPU_MIN_CACHE_READ_TOKENS, MAX_DOC_TOKENS, MAX_DOCS
 from .planning import AUTO, Plan, PlanError, Scheme, Shape, get, plan_batch
 from .planning.cached import on_pool, with_pool_copies
@@ -260,12 +260,15 @@ class Engine(Tokenizing):
     def score_batch(self, jobs: Sequence[Job]) -> list[ScoreResult]:
         return self.launch(jobs)()
 
-    @torch.inference_mode()
     def launch(self, jobs: Sequence[Job]) -> Callable[[], list[ScoreResult]]:
         """Start scoring a batch: plan it and queue all of its device work without waiting for
         the device. Returns the function that waits for the scores and returns the results, in
         batch order; a server starts the next batch before calling it, so that its planning
         overlaps this batch's forward."""
+        with torch.inference_mode():
+            return self._launch(jobs)
+
+    def _launch(self, jobs: Sequence[Job]) -> Callable[[], list[ScoreResult]]:
         plan, lease, cached = self._plan_on_cache(jobs)
         ordered = [jobs[i] for i in plan.requests]
         try:

@@ -49,11 +49,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 from . import metrics
+from .lazy_torch import torch
 from .options import CPU_AUTO_MIB, GPU_AUTO_SHARE
-from .planning.cached import NO_HIT, PrefixHit
+from .planning.cached import PrefixHit, no_hit
 from .token_ids import TokenIds
 
 BLOCK = 16
@@ -317,7 +317,7 @@ class PrefixCache:
         with self._lock:
             for prompt in prompts:
                 if prompt is None:
-                    hits.append(NO_HIT)
+                    hits.append(no_hit())
                     continue
                 ids, salt, hint = prompt
                 blocks, slots, chain = self._match(ids, salt, hint)
@@ -473,7 +473,7 @@ class PrefixCache:
         """The slots of ``pages``, in order (int64; no pages: one shared empty tensor, never
         written to)."""
         if not pages:
-            return NO_HIT.cached
+            return no_hit().cached
         # numpy: three torch ops on a few dozen ints cost ~10x the arithmetic
         slots = np.asarray(pages, dtype=np.int64)[:, None] * self.block + self._in_page
         return torch.from_numpy(slots.ravel())

@@ -7,9 +7,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-import torch
-
 from .devices import to_device
+from .lazy_torch import torch
 from .options import RAW_MODES
 from .request import Job
 

@@ -3,6 +3,7 @@ EngineInfo and rebuilt without transformers, encodes and looks up tokens as the 
 transformers tokenizer does, so a front end turns every request into the engine's Job."""
 
 import dataclasses
+import pickle
 import subprocess
 import sys
 
@@ -84,13 +85,25 @@ def test_a_tokenizer_whose_calls_do_more_than_its_backend_is_loaded_by_transform
     assert tok.encode("plain words") == engine.tokenizer.encode("plain words")
 
 
-def test_a_front_end_process_imports_neither_transformers_nor_the_model():
-    """A front end's start on the 2-core VM (``python -m bench.frontend_start``): 3.2 s with the
-    engine's backend and none of the model runner's imports; 4.8 s with them (transformers among
-    them), 9.0 s through transformers' AutoTokenizer."""
+def test_a_front_end_process_tokenizes_without_torch_transformers_or_the_model(engine, tmp_path):
+    """A front end's start on the 2-core VM (``python -m bench.frontend_start``): 0.8 s without
+    torch's import, 3.2-4.3 s with it, 4.8 s with the model runner's imports too (transformers among
+    them), 9.0 s through transformers' AutoTokenizer. Torch is named (``scorer.lazy_torch``) and
+    never imported while a front end turns calls of text and of token ids into Jobs."""
+    info = tmp_path / "info.pkl"
+    info.write_bytes(pickle.dumps(engine.info))
     code = (
-        "import sys, scorer.server.frontend_process\n"
-        "heavy = ('transformers', 'scorer.runner', 'scorer.models.decoder')\n"
+        "import pickle, sys\n"
+        "from scorer.server.frontend_process import front_tokenizer\n"
+        "from scorer.engine import Tokenizing\n"
+        "from scorer.request import Doc, ScoreOptions, ScoreRequest\n"
+        f"info = pickle.load(open({str(info)!r}, 'rb'))\n"
+        "tok = Tokenizing(front_tokenizer(info), info)\n"
+        "for scheme in ('', 'naive', 'multi_item', 'cascade'):\n"
+        "    docs = [Doc(text='a cat is an animal'), Doc(token_ids=(5, 6, 7))]\n"
+        "    tok.tokenize(ScoreRequest('what is a cat', docs, options=ScoreOptions(scheme=scheme)))\n"
+        "    tok.tokenize(ScoreRequest('', docs, prompt_token_ids=tuple(range(9, 300))))\n"
+        "heavy = ('torch._C', 'transformers', 'scorer.runner', 'scorer.models.decoder')\n"
         "print(sorted(m for m in heavy if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], timeout=300, capture_output=True, text=True)

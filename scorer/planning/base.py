@@ -20,10 +20,10 @@ from operator import attrgetter
 from typing import NamedTuple
 
 import numpy as np
-import torch
+
+from ..lazy_torch import torch
 
 MAX_ITEM_LEN = 65535  # token_pos_in_items is uint16 in FlashInfer
-I32 = torch.int32
 
 
 class PlanError(ValueError):
@@ -239,9 +239,9 @@ def arange(start: int, n: int) -> torch.Tensor:
 
 
 def indptr(lengths: Sequence[int]) -> torch.Tensor:
-    out = torch.zeros(len(lengths) + 1, dtype=I32)
+    out = torch.zeros(len(lengths) + 1, dtype=torch.int32)
     if lengths:
-        out[1:] = torch.tensor(lengths, dtype=torch.int64).cumsum(0).to(I32)
+        out[1:] = torch.tensor(lengths, dtype=torch.int64).cumsum(0).to(torch.int32)
     return out
 
 
@@ -254,7 +254,7 @@ def call(
     custom_mask: CustomMask | None = None,
 ) -> AttentionCall:
     """An attention call from per-request query lengths and K/V slot lists."""
-    kv_indices = torch.cat(list(kv)).to(I32) if kv else torch.zeros(0, dtype=I32)
+    kv_indices = torch.cat(list(kv)).to(torch.int32) if kv else torch.zeros(0, dtype=torch.int32)
     return AttentionCall(
         q_start=q_start,
         q_end=q_start + sum(q_lens),
@@ -327,7 +327,7 @@ def multi_item_meta(prefix_lens: Sequence[int], items_per_request: Sequence[Sequ
     if some.any():
         longest[some] = np.maximum.reduceat(lens, first[:-1][some])
     return MultiItem(
-        prefix_len=torch.tensor(list(prefix_lens), dtype=I32),
+        prefix_len=torch.tensor(list(prefix_lens), dtype=torch.int32),
         token_pos_in_items=torch.from_numpy(pos),
         token_pos_in_items_len=width,
         max_item_len=torch.from_numpy(longest),

@@ -6,8 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-import torch
-
+from ..lazy_torch import torch
 from .base import ItemLoc, Pass, Plan, Shape, check_plan, with_score_rows
 from .schemes import Scheme
 from .split import split_to_budget

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import cache
 
 import numpy as np
-import torch
 
+from ..lazy_torch import torch
 from .base import AttentionCall, Pass, Plan, logical_bases, np_i32, np_ranges
 from .packbits import pack_segments, unpack_segment
 
@@ -39,7 +40,10 @@ class PrefixHit:
         return len(self.cached)
 
 
-NO_HIT = PrefixHit(torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64))
+@cache
+def no_hit() -> PrefixHit:
+    """The hit of a prompt off the cache (one shared pair of empty tensors, never written to)."""
+    return PrefixHit(torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64))
 
 
 def _inserts(

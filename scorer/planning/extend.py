@@ -4,8 +4,7 @@ one request per item, one multi-item group, or multi-item groups of a size."""
 
 from __future__ import annotations
 
-import torch
-
+from ..lazy_torch import torch
 from .base import ItemLoc, Pass, Plan, Shape, arange, call, item_offsets, multi_item_meta
 
 

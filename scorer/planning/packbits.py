@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
-
+from ..lazy_torch import torch
 from .base import CustomMask, indptr
 
-_BIT = 1 << torch.arange(8, dtype=torch.int32)
+
+def _bits(device: torch.device) -> torch.Tensor:
+    """Each bit's value in a byte, lowest first."""
+    return 1 << torch.arange(8, dtype=torch.int32, device=device)
 
 
 def multi_item_mask(prefix_len: int, item_lens: Sequence[int]) -> torch.Tensor:
@@ -35,14 +37,14 @@ def pack_segments(masks: Sequence[torch.Tensor]) -> CustomMask:
     for m in masks:
         flat = m.flatten().to(torch.int32)
         flat = torch.nn.functional.pad(flat, (0, (-len(flat)) % 8))
-        packed.append((flat.view(-1, 8) * _BIT).sum(1).to(torch.uint8))
+        packed.append((flat.view(-1, 8) * _bits(flat.device)).sum(1).to(torch.uint8))
     return CustomMask(packed=torch.cat(packed), indptr=indptr([len(p) for p in packed]))
 
 
 def unpack_segment(mask: CustomMask, request: int, q_len: int, kv_len: int) -> torch.Tensor:
     """The [q_len, kv_len] boolean mask of one request of a packed mask."""
     seg = mask.packed[int(mask.indptr[request]) : int(mask.indptr[request + 1])].to(torch.int32)
-    bits = (seg.unsqueeze(1) & _BIT.to(seg.device)) != 0
+    bits = (seg.unsqueeze(1) & _bits(seg.device)) != 0
     return bits.flatten()[: q_len * kv_len].view(q_len, kv_len)
 
 

@@ -17,8 +17,8 @@ from functools import partial
 from itertools import chain
 
 import numpy as np
-import torch
 
+from ..lazy_torch import torch
 from .base import (
     AttentionCall,
     ItemLoc,

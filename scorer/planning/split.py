@@ -18,8 +18,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import torch
-
+from ..lazy_torch import torch
 from .base import ItemLoc, Pass, Plan, Shape, arange, item_offsets
 from .schemes import Scheme
 

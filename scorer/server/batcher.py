@@ -44,10 +44,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from functools import partial
 
-import torch
-
 from .. import metrics
 from ..engine import ScoreResult
+from ..lazy_torch import torch
 from ..prefix_cache import as_ids
 from ..request import Job
 from ..settings import Settings

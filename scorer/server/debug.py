@@ -11,8 +11,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
-
+from ..lazy_torch import torch
 from ..request import Job
 from .batcher import ScoreFn
 

@@ -10,7 +10,6 @@ import os
 import signal
 from collections.abc import Callable
 
-import torch
 from grpc_health.v1.health import aio as health_aio
 
 from ..engine import EngineInfo, Tokenizing
@@ -64,7 +63,6 @@ def frontend_main(settings: Settings, address: str, index: int, parent: int, plu
     """A front-end process (``multiprocessing``'s target): the engine process's signals drive it;
     ``plugins``: the engine process's scheme modules (``plugin_modules``)."""
     import_plugins(plugins)
-    torch.set_num_threads(1)  # tokenizing needs none of torch's threads; they would only contend
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the engine decides
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     configure_logging(settings.log_level, f"frontend-{index} ")

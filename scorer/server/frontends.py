@@ -39,9 +39,8 @@ import tempfile
 import time
 from dataclasses import replace
 
-import torch
-
 from .. import metrics
+from ..lazy_torch import torch
 from ..planning.schemes import plugin_modules
 from ..settings import Settings
 from .frontend_process import frontend_main

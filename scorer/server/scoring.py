@@ -16,10 +16,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
-import torch
-
 from .. import metrics
 from ..engine import Engine, EngineInfo, ScoreResult, Tokenizing
+from ..lazy_torch import torch
 from ..planning import REGISTRY
 from ..request import Doc, Job, ScoreOptions, ScoreRequest
 from ..token_ids import TokenIds
