@@ -30,7 +30,7 @@ FAMILIES = (  # the first pattern a kernel's name matches names its family (FA3'
     ("attention", r"PrefillWithKVCache|BatchPrefill|MergeState|Attention"),
     ("gate_up_silu", r"gate_up_silu"),  # Triton's gate/up GEMM writing silu(g) * u
     ("fp8_quant", r"_quant_kernel"),  # FP8's norms, SiLU-and-mul and plain quantization (fp8_kernels)
-    ("gemm", r"gemm|rowmax_mm|cutlass|xmma|nvjet|cublas|splitKreduce"),  # rowmax_mm: FP8's down GEMM
+    ("gemm", r"gemm|cutlass|xmma|nvjet|cublas|splitKreduce"),
     ("qk_norm_rope", r"qk_norm_rope"),
     ("add_rmsnorm", r"FusedAddRMSNorm"),
     ("rmsnorm", r"RMSNorm|rms_norm"),

@@ -17,8 +17,7 @@ label ids. For each workload (prompt + N docs of S tokens) and system:
   (``DecoderLM.swiglu_gemm``); ``@fp8`` with the decoder's linears in FP8 (``--quantization fp8``,
   ``scorer.models.quant``; ``@fp8lin`` with each linear quantizing its input, ``@fp8noswiglu``
   with cuBLAS's FP8 gate/up GEMM and the SiLU-and-mul kernel instead of Triton's FP8 gate/up +
-  SiLU, ``@fp8sepadd`` with the MLP's residual add a kernel of its own, ``@fp8rowmax`` with the
-  down projection quantizing its input as it reads it); ``@nomat`` with
+  SiLU, ``@fp8sepadd`` with the MLP's residual add a kernel of its own); ``@nomat`` with
   long docs' attention paged instead of on FA3 over a gathered copy of their keys; ``@pool`` with a split
   call's passes reusing its prompt's K/V from a pool, never computing it again): batches of at
   most ``--budget`` tokens formed as the server's batcher forms them at saturation
@@ -456,8 +455,7 @@ def engine_for(
     (``quant.quantize_model``): ``fused`` (the serving default), ``linears`` (each linear quantizing
     its own input), ``noswiglu`` (``fused`` with cuBLAS's FP8 gate/up GEMM and the SiLU-and-mul
     kernel quantizing, instead of Triton's FP8 gate/up + SiLU GEMM), ``sepadd`` (``fused`` with the MLP's
-    residual add a kernel of its own, not in the next input norm), ``rowmax`` (``fused`` with the down
-    projection quantizing its input as it reads it, ``DecoderLM.down_quantizes``)."""
+    residual add a kernel of its own, not in the next input norm)."""
     cuda = device.type == "cuda"
     model = build_model(device, cfg["num_hidden_layers"], kernels if cuda else "torch", cfg)
     model.qkv_in_place = model.qkv_in_place and qkv_in_place
@@ -468,7 +466,6 @@ def engine_for(
         quantize_model(model, fused=False if fp8 == "linears" else None)
         model.swiglu_gemm = model.swiglu_gemm and fp8 != "noswiglu"
         model.residual_in_norm = model.residual_in_norm and fp8 != "sepadd"
-        model.down_quantizes = fp8 == "rowmax"
     mc = model.config
     spec = HeadSpec(mc.num_heads, mc.num_kv_heads, mc.head_dim, torch.bfloat16, device)
     if cuda:
@@ -508,7 +505,7 @@ def main(argv: list[str] | None = None) -> None:
         default="",
         help="auto, auto@flashinfer, auto@fa3, auto@lt, auto@paged, auto@copyv, auto@noaddmm, auto@finorm,"
         " auto@noswiglu, auto@nomat, auto@pool, auto@fp8, auto@fp8lin, auto@fp8noswiglu,"
-        " auto@fp8sepadd, auto@fp8rowmax, a scheme, hf_naive,"
+        " auto@fp8sepadd, a scheme, hf_naive,"
         " hf_prefix",
     )
     ap.add_argument("--seconds", type=float, default=4.0, help="per system, at saturation")
@@ -583,13 +580,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.cuda.empty_cache()
 
 
-FP8_SYSTEMS = {
-    "fp8": "fused",
-    "fp8lin": "linears",
-    "fp8noswiglu": "noswiglu",
-    "fp8sepadd": "sepadd",
-    "fp8rowmax": "rowmax",
-}
+FP8_SYSTEMS = {"fp8": "fused", "fp8lin": "linears", "fp8noswiglu": "noswiglu", "fp8sepadd": "sepadd"}
 """``auto@X``: the FP8 variant of ``engine_for``'s ``fp8``."""
 
 

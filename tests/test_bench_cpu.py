@@ -229,7 +229,6 @@ def test_kernel_profile_sorts_kernels_into_families_and_times_a_batch(tmp_path, 
         "_qk_norm_rope_kernel": "qk_norm_rope",
         "_gate_up_silu_kernel": "gate_up_silu",  # not silu_and_mul's family: it is the GEMM too
         "_quant_kernel": "fp8_quant",  # FP8's norms and SiLU-and-mul: not the bf16 ones' families
-        "_rowmax_mm_kernel": "gemm",  # FP8's down GEMM, quantizing its input as it reads it
         "void flashinfer::norm::FusedAddRMSNormKernel<8u, __nv_bfloat16>": "add_rmsnorm",
         "void flashinfer::norm::RMSNormKernel<8u, __nv_bfloat16>": "rmsnorm",
         "void flashinfer::activation::act_and_mul_kernel<__nv_bfloat16, &(silu(float const&))>": (

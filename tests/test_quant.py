@@ -242,28 +242,6 @@ def test_the_kernels_torch_statements():
     assert torch.equal(got.q.float(), quantize_rows(act)[0].float())
 
 
-def test_an_input_quantized_as_the_down_gemm_reads_it_is_quantize_rows_input():
-    """``RowMax`` (the gate/up output with its rows' absmax by 128 columns, as the gate/up GEMM
-    writes them) through an FP8 linear: the same product as the input quantized per row first. On
-    the CPU the torch statement of both sides (``rowmax_mm`` is the GPU's)."""
-    g = torch.Generator().manual_seed(5)
-    w, x = torch.randn(512, 256, generator=g) * 0.05, torch.randn(4, 256, generator=g)
-    w_scale = torch.rand(512, generator=g) + 0.5
-    qx, sx = quantize_rows(x.bfloat16())
-    qw, sw = quantize_rows(w.bfloat16())
-    amax = torch.empty(4, 2)
-    h = triton_ops.gate_up_silu(qx, qw, x_scale=sx, w_scale=w_scale.reshape(1, -1), row_amax=amax)
-    assert torch.equal(h, triton_ops.gate_up_silu(qx, qw, x_scale=sx, w_scale=w_scale.reshape(1, -1)))
-    assert torch.equal(amax, h.float().abs().view(4, 2, 128).amax(dim=-1))
-    down = Fp8Linear.quantize(torch.nn.Linear(256, 96, bias=False, dtype=torch.bfloat16))
-    got = down(fp8_kernels.RowMax(h, amax))
-    assert torch.equal(got, down(fp8_kernels.Quantized(*quantize_rows(h))))
-    with pytest.raises(ValueError, match="row_amax"):
-        triton_ops.gate_up_silu(
-            qx, qw, x_scale=sx, w_scale=w_scale.reshape(1, -1), row_amax=torch.empty(4, 3)
-        )
-
-
 def test_a_score_head_model_quantizes_its_decoder(tmp_path):
     """A ``*ForSequenceClassification`` checkpoint (no LM head) in FP8: the decoder's linears
     quantized, the score head kept, the scores those of the reference."""

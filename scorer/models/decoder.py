@@ -140,7 +140,6 @@ class MLP(nn.Module):
         self.gate_up: tuple[torch.Tensor, torch.Tensor | None] | nn.Module | None = None  # or FP8's
         self.swiglu_gemm = False  # ``DecoderLM.swiglu_gemm``
         self.quantize = False  # the FP8 gate/up writes its output in FP8 for an FP8 down projection
-        self.down_quantizes = False  # ``DecoderLM.down_quantizes``
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The MLP of x."""
@@ -154,18 +153,7 @@ class MLP(nn.Module):
         if isinstance(self.gate_up, nn.Module):  # FP8; an FP8 down GEMM's input quantized as it is made
             fp8 = self.gate_up
             if isinstance(x, fp8_kernels.Quantized) and self._one_gemm(x.q, fp8.weight, fp8.bias):
-                n, amax = fp8.weight.shape[0] // 2, None
-                if (
-                    self.quantize
-                    and self.down_quantizes
-                    and fp8_kernels.rowmax_mm_supported(n, self.down_proj.weight)
-                ):
-                    amax = x.q.new_empty(x.q.shape[0], n // triton_ops.AMAX_BLOCK, dtype=torch.float32)
-                act = triton_ops.gate_up_silu(
-                    x.q, fp8.weight, x_scale=x.scale, w_scale=fp8.weight_scale, row_amax=amax
-                )
-                if amax is not None:  # the down GEMM quantizes it as it reads it
-                    return fp8_kernels.RowMax(act, amax)
+                act = triton_ops.gate_up_silu(x.q, fp8.weight, x_scale=x.scale, w_scale=fp8.weight_scale)
                 return fp8_kernels.quantize(act) if self.quantize else act
             return fp8_kernels.silu_mul_quant(fp8(x)) if self.quantize else fused.silu_and_mul(fp8(x))
         w, b = self.gate_up
@@ -333,20 +321,6 @@ class DecoderLM(nn.Module):
     def swiglu_gemm(self, value: bool) -> None:
         for layer in self.model.layers:
             layer.mlp.swiglu_gemm = value
-
-    @property
-    def down_quantizes(self) -> bool:
-        """Does an FP8 down projection quantize its input as it reads it (``fp8_kernels.rowmax_mm``,
-        the gate/up GEMM writing each row's absmax beside its bf16 output) instead of a quantizing
-        pass over that output before cuBLAS's GEMM (Hopper, Triton)? Off: its speed against the
-        pass has not been measured (bench/RESULTS.md, Not measured). Settable before graphs are
-        built (benchmarks)."""
-        return all(layer.mlp.down_quantizes for layer in self.model.layers)
-
-    @down_quantizes.setter
-    def down_quantizes(self, value: bool) -> None:
-        for layer in self.model.layers:
-            layer.mlp.down_quantizes = value
 
     @property
     def triton_norm(self) -> bool:

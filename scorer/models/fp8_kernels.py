@@ -24,15 +24,7 @@ from typing import NamedTuple
 
 import torch
 
-from scorer.models.triton_ops import (
-    capability,
-    num_sms,
-    reference_path,
-    rms_norm_reference,
-    tl,
-    tma_rows,
-    triton,
-)
+from scorer.models.triton_ops import reference_path, rms_norm_reference, tl, triton
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max  # 448
@@ -58,20 +50,6 @@ class Quantized(NamedTuple):
     @property
     def shape(self) -> torch.Size:
         return self.q.shape
-
-
-class RowMax(NamedTuple):
-    """A bf16 activation whose FP8 quantization is left to the GEMM that reads it: ``x`` [M, K]
-    and ``amax`` [M, P], the absmax of each row's P blocks of columns, written by the kernel that
-    made ``x`` (``triton_ops.gate_up_silu``'s ``row_amax``). ``rowmax_mm`` quantizes each tile of
-    ``x`` as it loads it, with ``quantize_rows``' bits: no pass of its own over ``x``."""
-
-    x: torch.Tensor
-    amax: torch.Tensor
-
-    @property
-    def shape(self) -> torch.Size:
-        return self.x.shape
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,74 +103,6 @@ def silu_mul_quant(gate_up: torch.Tensor) -> Quantized:
     if reference_path(gate_up) or width > MAX_WIDTH:
         return Quantized(*quantize_rows(silu_mul_reference(gate_up)))
     return _launch(_SILU, gate_up, width)
-
-
-ROWMAX_MM_CONFIG = (128, 128, 64, 4, 8, 8)
-"""(BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps, GROUP_M) of ``rowmax_mm``."""
-
-
-def rowmax_mm_supported(k: int, w: torch.Tensor) -> bool:
-    """Can ``rowmax_mm`` take a bf16 input of ``k`` columns by ``w`` [N, k] (Hopper's TMA, FP8
-    e4m3, 16-byte aligned rows)?"""
-    return (
-        triton is not None
-        and w.is_cuda
-        and capability(w.device) >= 9
-        and w.dtype == FP8
-        and w.dim() == 2
-        and w.shape[1] == k
-        and w.is_contiguous()
-        and tma_rows(w)
-        and k % 16 == 0
-        and w.shape[0] % 16 == 0
-    )
-
-
-def rowmax_mm(
-    a: RowMax,
-    w: torch.Tensor,
-    w_scale: torch.Tensor,
-    out_dtype: torch.dtype,
-    out: torch.Tensor | None = None,
-    config: tuple[int, int, int, int, int, int] | None = None,
-) -> torch.Tensor:
-    """``quantize_rows(a.x) @ w.T`` with ``w`` [N, K] in FP8 and its scales ``w_scale`` [1, N],
-    as cuBLAS's rowwise GEMM computes it from ``quantize(a.x)``: one Triton kernel whose programs
-    take each row's scale from ``a.amax``, quantize each [BLOCK_M, BLOCK_K] tile of ``a.x`` in
-    registers as they load it (``quantize_rows``' bits), multiply in FP8 into fp32 and scale the
-    sums by both scales, rounded once to ``out_dtype``. ``config`` overrides
-    ``ROWMAX_MM_CONFIG`` (``scripts/gpu/down_quant_probe.py`` sweeps it)."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    x, amax = a
-    m, k = x.shape
-    n = w.shape[0]
-    if out is None:
-        out = torch.empty(m, n, dtype=out_dtype, device=x.device)
-    if (
-        x.stride(1) != 1
-        or not tma_rows(x)
-        or not tma_rows(out)
-        or amax.shape[0] != m
-        or amax.dtype != torch.float32
-        or not amax.is_contiguous()
-    ):
-        raise ValueError(
-            f"rowmax_mm needs aligned, contiguous rows and [{m}, P] fp32 absmaxes,"
-            f" got {amax.dtype} {tuple(amax.shape)}"
-        )
-    if m == 0:
-        return out
-    bm, bn, bk, stages, warps, group = config or ROWMAX_MM_CONFIG
-    programs = min(triton.cdiv(m, bm) * triton.cdiv(n, bn), num_sms(x.device))
-    parts = amax.shape[1]
-    _rowmax_mm_kernel[(programs,)](
-        TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(w, [bn, bk]),
-        TensorDescriptor.from_tensor(out, [bm, bn]), amax, w_scale, m, n, k, programs,
-        PARTS=parts, PARTS_P2=triton.next_power_of_2(parts), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-        GROUP_M=group, INV_FP8_MAX=INV_FP8_MAX, MIN_AMAX=MIN_AMAX, num_stages=stages, num_warps=warps,
-    )  # fmt: skip
-    return out
 
 
 _PLAIN, _NORM, _ADD_NORM, _SILU = range(4)
@@ -274,38 +184,3 @@ if triton is not None:
         q = (y * tl.div_rn(1.0, scale)[:, None]).to(q_ptr.dtype.element_ty)
         tl.store(q_ptr + r64 * N + cols[None, :], q, mask=ok)
         tl.store(s_ptr + rows, scale, mask=row_ok)
-
-    from scorer.models.triton_ops import grouped_tile
-
-    @triton.jit(do_not_specialize=["M", "PROGRAMS"])
-    def _rowmax_mm_kernel(
-        x_desc, w_desc, y_desc, amax_ptr, ws_ptr, M, N, K, PROGRAMS,
-        PARTS: tl.constexpr, PARTS_P2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, INV_FP8_MAX: tl.constexpr, MIN_AMAX: tl.constexpr,
-    ):  # fmt: skip
-        """Tiles of [BLOCK_M rows, BLOCK_N columns] in grouped order (GROUP_M row blocks share their
-        columns' weights in L2), PROGRAMS programs taking every PROGRAMS-th tile: the rows' scales
-        from their absmax partials, as ``_quant_kernel`` makes them, then each loaded tile of x
-        quantized by them and multiplied in FP8."""
-        num_m = tl.cdiv(M, BLOCK_M)
-        num_n = tl.cdiv(N, BLOCK_N)
-        for tile in tl.range(tl.program_id(0), num_m * num_n, PROGRAMS):
-            pid_m, pid_n = grouped_tile(tile, num_m, num_n, GROUP_M)
-            om = pid_m * BLOCK_M
-            on = pid_n * BLOCK_N
-            rows = om + tl.arange(0, BLOCK_M)
-            parts = tl.arange(0, PARTS_P2)
-            ok = (rows < M)[:, None] & (parts < PARTS)[None, :]
-            amax = tl.max(
-                tl.load(amax_ptr + rows[:, None] * PARTS + parts[None, :], mask=ok, other=0.0), axis=1
-            )
-            scale = tl.maximum(amax, MIN_AMAX) * INV_FP8_MAX
-            inv = tl.div_rn(1.0, scale)[:, None]
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for kk in range(0, tl.cdiv(K, BLOCK_K)):
-                ok_ = kk * BLOCK_K
-                q = (x_desc.load([om, ok_]).to(tl.float32) * inv).to(w_desc.dtype)
-                acc = tl.dot(q, w_desc.load([on, ok_]).T, acc)
-            cols = on + tl.arange(0, BLOCK_N)
-            ws = tl.load(ws_ptr + cols, mask=cols < N, other=0.0)
-            y_desc.store([om, on], (acc * scale[:, None] * ws[None, :]).to(y_desc.dtype))

@@ -27,14 +27,7 @@ import torch
 from torch import nn
 
 from scorer.models import fp8_kernels
-from scorer.models.fp8_kernels import (
-    FP8,
-    Quantized,
-    RowMax,
-    quantize_rows,
-    rowmax_mm,
-    rowmax_mm_supported,
-)
+from scorer.models.fp8_kernels import FP8, Quantized, quantize_rows
 
 ATTENTION_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_LINEARS = ("gate_proj", "up_proj", "down_proj")
@@ -159,14 +152,8 @@ class Fp8Linear(nn.Module):
             at += n
         return merged
 
-    def forward(self, x: torch.Tensor | Quantized | RowMax, out: torch.Tensor | None = None) -> torch.Tensor:
-        """``x`` [..., K] (or quantized [M, K], or [M, K] with its row absmaxes, quantized as it is
-        read where ``rowmax_mm`` runs) -> [..., N], written into ``out`` [M, N] if given."""
-        if isinstance(x, RowMax):
-            if x.x.is_cuda and rowmax_mm_supported(self.in_features, self.weight):
-                y = rowmax_mm(x, self.weight, self.weight_scale, self.out_dtype, out)
-                return y if self.bias is None else y.add_(self.bias)
-            x = Quantized(*_quantize(x.x))
+    def forward(self, x: torch.Tensor | Quantized, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``x`` [..., K] (or quantized [M, K]) -> [..., N], written into ``out`` [M, N] if given."""
         if isinstance(x, Quantized):
             lead, (qx, sx) = x.q.shape[:-1], x
         else:

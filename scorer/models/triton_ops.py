@@ -353,9 +353,6 @@ GemmConfig = tuple[int, int, int, int, int, int, bool, str]
 pipelines the tile and K loops as one: the next tile's loads under this one's epilogue) or ``"ws"``
 (Triton's automatic warp specialisation: loads, MMAs and the epilogue in separate warps)."""
 
-AMAX_BLOCK = 128
-"""The columns of each partial row absmax ``gate_up_silu`` writes (its FP8 programs' BLOCK_N)."""
-
 SWIGLU_MIN_ROWS = 1536
 """``MLP.act`` runs ``gate_up_silu`` on at least this many rows. On an H200 (bench/RESULTS.md section
 25) it took 9% less time than cuBLAS's GEMM + FlashInfer's SiLU-and-mul on 1,600 rows of Qwen3-0.6B
@@ -379,13 +376,13 @@ def gate_up_silu_supported(x: torch.Tensor, w: torch.Tensor) -> bool:
     return (
         triton is not None
         and x.is_cuda
-        and capability(x.device) >= 9
+        and _capability(x.device) >= 9
         and x.dtype in (torch.bfloat16, torch.float16, torch.float8_e4m3fn)
         and w.dtype == x.dtype
         and x.dim() == 2
         and x.stride(1) == 1
         and w.is_contiguous()
-        and tma_rows(x)
+        and _tma_rows(x)
         and (x.shape[1] * x.element_size()) % 16 == 0
         and w.shape[0] % 256 == 0
     )
@@ -399,7 +396,6 @@ def gate_up_silu(
     config: GemmConfig | None = None,
     x_scale: torch.Tensor | None = None,
     w_scale: torch.Tensor | None = None,
-    row_amax: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The MLP's down-projection input ``silu(x @ gate.T) * (x @ up.T)`` as one GEMM kernel: ``w``
     [2N, H] holds the gate rows, then the up rows (``MLP.merge_gate_up``); each program computes a
@@ -412,23 +408,14 @@ def gate_up_silu(
 
     FP8 operands (``--quantization fp8``) come with their scales, ``x_scale`` [T, 1] per row and
     ``w_scale`` [1, 2N] per weight row; the products are scaled in fp32 before the SiLU, and ``out``
-    is bf16 (the down projection's input, quantized next). With ``row_amax`` [T, N / 128] (FP8
-    only) the epilogue also writes the absmax of each row's 128 columns of the tile (rounded as
-    ``out``), so that the down GEMM can quantize ``out`` as it reads it
-    (``fp8_kernels.rowmax_mm``) instead of a pass of its own."""
+    is bf16 (the down projection's input, quantized next)."""
     scaled = x.dtype == torch.float8_e4m3fn
     if scaled != (x_scale is not None) or scaled != (w_scale is not None):
         raise ValueError("FP8 operands take x_scale and w_scale; others take neither")
-    parts = (x.shape[0], w.shape[0] // 2 // AMAX_BLOCK)
-    if row_amax is not None and (not scaled or row_amax.shape != parts or not row_amax.is_contiguous()):
-        raise ValueError(f"row_amax is FP8's contiguous {list(parts)} fp32, not {tuple(row_amax.shape)}")
     if reference_path(x, "gate_up_silu"):
         if scaled:
             y = gate_up_silu_reference(x.float() * x_scale, w.float() * w_scale.reshape(-1, 1))
-            y = y.to(torch.bfloat16) if out is None else out.copy_(y)
-            if row_amax is not None:
-                row_amax.copy_(y.float().abs().view(y.shape[0], -1, AMAX_BLOCK).amax(dim=-1))
-            return y
+            return y.to(torch.bfloat16) if out is None else out.copy_(y)
         return gate_up_silu_reference(x, w, out)
     from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -438,29 +425,28 @@ def gate_up_silu(
         raise ValueError(f"w must be [2N, {H}], got {tuple(w.shape)}")
     if out is None:
         out = torch.empty(T, n, dtype=torch.bfloat16 if scaled else x.dtype, device=x.device)
-    if out.shape != (T, n) or out.stride(1) != 1 or not tma_rows(out):
+    if out.shape != (T, n) or out.stride(1) != 1 or not _tma_rows(out):
         raise ValueError(f"out must be [{T}, {n}] with contiguous, 16-byte aligned rows")
     if T == 0:
         return out
     bm, bn, bk, stages, warps, group, persistent, loop = config or gate_up_config(T, H, n, scaled)
-    if n % bn or (row_amax is not None and bn != AMAX_BLOCK):
-        raise ValueError(f"N = {n} must be a multiple of BLOCK_N = {bn} (with row_amax, {AMAX_BLOCK})")
+    if n % bn:
+        raise ValueError(f"N = {n} must be a multiple of BLOCK_N = {bn}")
     tiles = triton.cdiv(T, bm) * (n // bn)
-    programs = min(tiles, num_sms(x.device)) if persistent else tiles
+    programs = min(tiles, _num_sms(x.device)) if persistent else tiles
     _gate_up_silu_kernel[(programs,)](
         TensorDescriptor.from_tensor(x, [bm, bk]),
         TensorDescriptor.from_tensor(w, [bn, bk]),
         TensorDescriptor.from_tensor(out, [bm, bn]),
-        x_scale if scaled else x, w_scale if scaled else x, x if row_amax is None else row_amax, T, n, H,
+        x_scale if scaled else x, w_scale if scaled else x, T, n, H,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group, PROGRAMS=programs, SCALED=scaled,
-        AMAX=row_amax is not None,
         FLATTEN=loop == "flatten", WARP_SPECIALIZE=loop == "ws",
         num_stages=stages, num_warps=warps,
     )  # fmt: skip
     return out
 
 
-def tma_rows(t: torch.Tensor) -> bool:
+def _tma_rows(t: torch.Tensor) -> bool:
     """Can a TMA descriptor address ``t``'s rows (16-byte aligned start and row stride)?"""
     return t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
 
@@ -469,13 +455,13 @@ _SMS: dict = {}
 _CAPABILITY: dict = {}
 
 
-def capability(device: torch.device) -> int:
+def _capability(device: torch.device) -> int:
     if device not in _CAPABILITY:
         _CAPABILITY[device] = torch.cuda.get_device_capability(device)[0]
     return _CAPABILITY[device]
 
 
-def num_sms(device: torch.device) -> int:
+def _num_sms(device: torch.device) -> int:
     if device.type != "cuda":  # the interpreter
         return 4
     if device not in _SMS:
@@ -485,31 +471,25 @@ def num_sms(device: torch.device) -> int:
 
 if triton is not None:
 
-    @triton.jit
-    def grouped_tile(tile, num_m, num_n, GROUP_M: tl.constexpr):
-        """(row block, column block) of output tile ``tile`` in grouped order: GROUP_M row blocks
-        in turn for each column block, so that they share its weights in L2."""
-        per_group = GROUP_M * num_n
-        first_m = (tile // per_group) * GROUP_M
-        size_m = min(num_m - first_m, GROUP_M)
-        return first_m + (tile % per_group) % size_m, (tile % per_group) // size_m
-
     @triton.jit(do_not_specialize=["M", "PROGRAMS"])
     def _gate_up_silu_kernel(
-        x_desc, w_desc, y_desc, xs_ptr, ws_ptr, amax_ptr, M, N, K,
+        x_desc, w_desc, y_desc, xs_ptr, ws_ptr, M, N, K,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
         PROGRAMS, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, SCALED: tl.constexpr,
-        AMAX: tl.constexpr,
     ):  # fmt: skip
         """Tiles of [BLOCK_M rows, BLOCK_N columns] of the output in grouped order (GROUP_M row
         blocks share their columns' weights in L2), PROGRAMS programs taking every PROGRAMS-th
         tile; per tile two accumulators over K, g (weight rows n..) and u (rows N + n..)."""
         num_m = tl.cdiv(M, BLOCK_M)
         num_n = N // BLOCK_N
+        per_group = GROUP_M * num_n
         for tile in tl.range(
             tl.program_id(0), num_m * num_n, PROGRAMS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE
         ):
-            pid_m, pid_n = grouped_tile(tile, num_m, num_n, GROUP_M)
+            first_m = (tile // per_group) * GROUP_M
+            size_m = min(num_m - first_m, GROUP_M)
+            pid_m = first_m + (tile % per_group) % size_m
+            pid_n = (tile % per_group) // size_m
             om = pid_m * BLOCK_M
             on = pid_n * BLOCK_N
             g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -527,9 +507,5 @@ if triton is not None:
                 u = u * sx * tl.load(ws_ptr + N + cols)[None, :]
             # silu with the approximate division (2 ulp of fp32, nothing after the bf16 rounding): the
             # IEEE one is ~15 instructions an element of an epilogue no other work hides
-            y = (tl.fdiv(g, 1.0 + tl.exp(-g), ieee_rounding=False) * u).to(y_desc.dtype)
-            y_desc.store([om, on], y)
-            if AMAX:  # the absmax of the row's BLOCK_N columns, as stored
-                rows = om + tl.arange(0, BLOCK_M)
-                amax = tl.max(tl.abs(y.to(tl.float32)), axis=1)
-                tl.store(amax_ptr + rows * num_n + pid_n, amax, mask=rows < M)
+            y = tl.fdiv(g, 1.0 + tl.exp(-g), ieee_rounding=False) * u
+            y_desc.store([om, on], y.to(y_desc.dtype))

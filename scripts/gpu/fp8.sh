@@ -10,11 +10,7 @@
 #       time goes (bench.kernel_profile: bf16, FP8, FP8 with the MLP's residual add on its own; 0.6B A
 #       and E, 8B A and B) and the FP8 gate/up GEMM's program shapes (bench.triton_gemm --fp8)
 #       -> $OUT/kernel_profile.json, kernel_profile_8b.json, triton_gemm.json, kernels.log
-#   bash scripts/gpu/fp8.sh rowmax    (~5 min) the down GEMM quantizing its own input (fp8_kernels.rowmax_mm):
-#       its kernels against the quantizing pass + cuBLAS by program shape (down_quant_probe.py), the FP8
-#       GPU tests, then the 0.6B's A and E as bf16, FP8 and FP8 with it (auto@fp8rowmax), its program
-#       shape the probe's fastest on the 0.6B's 16,128 rows -> $OUT/down_quant_probe.json, throughput.json
-# (device: carry [".gpu"]; GPU_TESTS=0 (speed, rowmax: no tests), MODELS= (ranking), CALLS=, CALLS_8B=, SYSTEMS_06B=, SYSTEMS_8B=, BUDGET_06B=, BUDGET_8B= to change)
+# (device: carry [".gpu"]; GPU_TESTS=0 (speed: no tests), MODELS= (ranking), CALLS=, CALLS_8B=, SYSTEMS_06B=, SYSTEMS_8B=, BUDGET_06B=, BUDGET_8B= to change)
 source scripts/gpu/env.sh
 case "${1:-speed}" in
 speed)
@@ -27,23 +23,6 @@ speed)
     --systems "${SYSTEMS_8B:-auto,auto@fp8,auto@fp8noswiglu}" --seconds 3 \
     --budget-s "${BUDGET_8B:-120}" --out "$OUT/8b" 2>&1 | grep -v Warning | tee -a "$OUT/throughput.log"
   cp "$OUT/8b/throughput.json" "$OUT/throughput_8b.json" && rm -r "$OUT/8b"
-  ;;
-rowmax)
-  timeout 200 python3 scripts/gpu/down_quant_probe.py "$OUT/down_quant_probe.json" 2>&1 | grep -v Warning | tail -20
-  [ "${GPU_TESTS:-1}" = 0 ] || timeout 200 python3 -m pytest -m gpu tests/gpu/test_quant_gpu.py -q -p no:cacheprovider \
-    2>&1 | tail -15 | tee "$OUT/fp8-gpu-tests.log"
-  timeout 200 python3 - <<'EOF' 2>&1 | grep -v Warning | tee "$OUT/throughput.log"
-import json, os
-from bench.throughput import main
-from scorer.models import fp8_kernels
-runs = [r for r in json.load(open(os.environ["OUT"] + "/down_quant_probe.json"))["records"]
-        if r.get("rowmax_mm_us") and (r["m"], r["hidden"]) == (16128, 1024)]
-if runs:
-    fp8_kernels.ROWMAX_MM_CONFIG = tuple(min(runs, key=lambda r: r["rowmax_mm_us"])["config"])
-print("rowmax_mm program shape:", fp8_kernels.ROWMAX_MM_CONFIG, flush=True)
-main(["--models", "qwen3-0.6b", "--workloads", "A,E", "--systems", "auto,auto@fp8,auto@fp8rowmax",
-      "--seconds", "3", "--out", os.environ["OUT"]])
-EOF
   ;;
 ranking)
   # the JSON is written after each system, so a run cut by the timeout keeps what it measured

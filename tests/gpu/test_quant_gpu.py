@@ -4,8 +4,6 @@ CUDA, flashinfer or an FP8 GPU (compute capability 8.9+)."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
@@ -16,12 +14,11 @@ pytest.importorskip("flashinfer")
 if torch.cuda.get_device_capability() < (8, 9):
     pytest.skip("FP8 GEMMs need compute capability 8.9+", allow_module_level=True)
 
-from test_flashinfer_engine import SCHEMES, WORDS, scores  # noqa: E402
+from test_flashinfer_engine import SCHEMES, scores  # noqa: E402
 
 from scorer.engine import EngineConfig  # noqa: E402
 from scorer.models import fp8_kernels, triton_ops  # noqa: E402
 from scorer.models.quant import Fp8Linear, quantize_rows, reference_mm  # noqa: E402
-from scorer.request import Doc, ScoreOptions, ScoreRequest  # noqa: E402
 from scorer.runtime import build_engine  # noqa: E402
 
 BF16 = torch.bfloat16
@@ -132,86 +129,26 @@ def test_the_fp8_gate_up_silu_gemm_is_its_reference(rows, hidden, inter):
     assert off.float().mean().item() < 2e-6 and (got - want).abs().max().item() < 0.02 * top
 
 
-@pytest.mark.parametrize(
-    "rows,hidden,inter", [(1, 1024, 3072), (1536, 1024, 3072), (4100, 1024, 3072), (2500, 4096, 12288)]
-)
-def test_the_down_gemm_quantizes_its_input_as_it_reads_it(rows, hidden, inter):
-    """``rowmax_mm`` on the FP8 gate/up GEMM's bf16 output and its rows' absmax by 128 columns
-    (``gate_up_silu``'s ``row_amax``) against the quantizing pass and cuBLAS's rowwise GEMM: the
-    gate/up output unchanged, the absmax exact, the products those of the same FP8 values (summed
-    in another order, Hopper's FP8 MMA in reduced precision as in the gate/up test above)."""
-    g = torch.Generator(device="cuda").manual_seed(rows)
-    x = torch.randn(rows, hidden, device="cuda", generator=g).to(BF16)
-    w = (torch.randn(2 * inter, hidden, device="cuda", generator=g) * hidden**-0.5).to(BF16)
-    (qx, sx), (qw, sw) = quantize_rows(x), quantize_rows(w)
-    sw = sw.reshape(1, -1)
-    amax = torch.empty(rows, inter // triton_ops.AMAX_BLOCK, device="cuda")
-    h = triton_ops.gate_up_silu(qx, qw, x_scale=sx, w_scale=sw, row_amax=amax)
-    assert torch.equal(h, triton_ops.gate_up_silu(qx, qw, x_scale=sx, w_scale=sw))
-    assert torch.equal(amax, h.float().abs().view(rows, -1, triton_ops.AMAX_BLOCK).amax(dim=-1))
-    down = Fp8Linear.quantize(torch.nn.Linear(inter, hidden, bias=False, dtype=BF16, device="cuda"))
-    assert fp8_kernels.rowmax_mm_supported(inter, down.weight)
-    got = down(fp8_kernels.RowMax(h, amax)).float()
-    want = down(fp8_kernels.quantize(h)).float()
-    top = want.abs().max().item()
-    off = (got - want).abs() > 2**-7 * want.abs() + 1e-3 * top
-    assert off.float().mean().item() < 2e-6 and (got - want).abs().max().item() < 0.02 * top
-
-
-def test_the_mlp_quantizes_the_down_input_in_the_gemm(fp8_gpu):
-    """A pass of at least ``SWIGLU_MIN_ROWS`` rows with ``DecoderLM.down_quantizes``: the MLP's
-    gate/up GEMM writes the rows' absmax and the down GEMM quantizes as it reads; within the GEMMs'
-    rounding of the quantizing pass before cuBLAS's GEMM (the default)."""
-    mlp = fp8_gpu.runner.model.model.layers[0].mlp
-    hidden = mlp.down_proj.out_features
-    x = fp8_kernels.quantize(torch.randn(triton_ops.SWIGLU_MIN_ROWS + 100, hidden, dtype=BF16, device="cuda"))
-    passed = mlp.act(x)
-    assert isinstance(passed, fp8_kernels.Quantized)
-    want = mlp.down_proj(passed).float()
-    mlp.down_quantizes = True
-    try:
-        act = mlp.act(x)
-        assert isinstance(act, fp8_kernels.RowMax)
-        got = mlp.down_proj(act).float()
-    finally:
-        mlp.down_quantizes = False
-    top = want.abs().max().item()
-    assert (got - want).abs().max().item() < 0.02 * top
-
-
 def test_the_fp8_kernels_replay_from_a_cuda_graph():
     x = torch.randn(300, 1024, dtype=BF16, device="cuda")
     res = torch.randn(300, 1024, dtype=BF16, device="cuda")
     w = torch.rand(1024, dtype=BF16, device="cuda")
     gu = torch.randn(300, 6144, dtype=BF16, device="cuda")
-    qx, sx = quantize_rows(torch.randn(2000, 1024, dtype=BF16, device="cuda"))
-    qw, sw = quantize_rows(torch.randn(6144, 1024, dtype=BF16, device="cuda") * 0.03)
-    down = Fp8Linear.quantize(torch.nn.Linear(3072, 1024, bias=False, dtype=BF16, device="cuda"))
-    amax = torch.empty(2000, 3072 // triton_ops.AMAX_BLOCK, device="cuda")
-
-    def run():
-        h = triton_ops.gate_up_silu(qx, qw, x_scale=sx, w_scale=sw.reshape(1, -1), row_amax=amax)
-        mlp = down(fp8_kernels.RowMax(h, amax))
-        return fp8_kernels.rms_norm_quant(x, w, 1e-6, res), fp8_kernels.silu_mul_quant(gu), mlp
-
+    run = lambda: (fp8_kernels.rms_norm_quant(x, w, 1e-6, res), fp8_kernels.silu_mul_quant(gu))  # noqa: E731
     res0 = res.clone()
     run()  # compiles
     res.copy_(res0)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        norm, act, mlp = run()
+        norm, act = run()
     res.copy_(res0)
     x.mul_(2.0)
     gu.mul_(-1.0)
-    sx.mul_(0.5)
     graph.replay()
     want_res = res0.clone()
     want = fp8_kernels.rms_norm_quant(x, w, 1e-6, want_res)
     assert torch.equal(res, want_res) and torch.equal(norm.scale, want.scale)
     assert torch.equal(act.q.view(torch.uint8), fp8_kernels.silu_mul_quant(gu).q.view(torch.uint8))
-    fresh = amax.clone()
-    h = triton_ops.gate_up_silu(qx, qw, x_scale=sx, w_scale=sw.reshape(1, -1), row_amax=fresh)
-    assert torch.equal(mlp, down(fp8_kernels.RowMax(h, fresh)))  # the new scales, the same kernels
 
 
 @pytest.fixture(scope="module")
@@ -258,37 +195,6 @@ def test_fp8_gpu_scores_match_the_cpu_reference(scheme, fp8_scores, fp8_cpu):
 def test_every_scheme_scores_as_fp8_naive(scheme, fp8_scores):
     worst = max(abs(a - b) for a, b in zip(fp8_scores[scheme], fp8_scores["naive"], strict=True))
     assert worst < FP8_TOL, f"{scheme}: max |{scheme} - naive| in FP8 = {worst:.4f}"
-
-
-@pytest.mark.parametrize("down_quantizes", [False, True])
-def test_fp8_scores_of_passes_past_the_gemm_kernels_rows(checkpoint, fp8_gpu, fp8_cpu, down_quantizes):
-    """Calls of ~2,000 tokens each: their passes run Triton's gate/up GEMM (from
-    ``triton_ops.SWIGLU_MIN_ROWS`` rows on), and with ``down_quantizes`` the down GEMM that
-    quantizes its input, in the CUDA graphs; within FP8's rounding of the CPU reference."""
-    engine = fp8_gpu
-    if down_quantizes:
-        engine = build_engine(checkpoint, "flashinfer", "cuda", BF16, EngineConfig(), quantization="fp8")
-        engine.runner.model.down_quantizes = True
-        assert engine.runner.capture_graphs() > 0
-    rng = random.Random(7)
-
-    def text(k: int) -> str:
-        return " ".join(rng.choice(WORDS) for _ in range(k))
-
-    calls = [
-        ScoreRequest(
-            prompt=text(300),
-            docs=[Doc(text=text(60), id=str(i)) for i in range(30)],
-            options=ScoreOptions(scheme="auto", score_mode="logprob"),
-        )
-        for _ in range(2)
-    ]
-    got = [d.score for r in engine.score_batch([engine.tokenize(c) for c in calls]) for d in r.results]
-    ref = [d.score for r in fp8_cpu.score_batch([fp8_cpu.tokenize(c) for c in calls]) for d in r.results]
-    shapes = [engine.tokenize(c).shape for c in calls]
-    assert min(s.prefix_len + sum(s.item_lens) for s in shapes) >= triton_ops.SWIGLU_MIN_ROWS
-    worst = max(abs(a - b) for a, b in zip(got, ref, strict=True))
-    assert worst < FP8_TOL, f"max |fp8 gpu - fp8 cpu reference| on long calls = {worst:.4f}"
 
 
 def test_fp8_scores_with_the_prefix_cache(checkpoint, fp8_scores):
