@@ -4,7 +4,9 @@ took a front end's start from 0.8 s and 69 MB to 4.3 s and 252 MB on the 2-core 
 bench.frontend_start``). Such a module imports ``from .lazy_torch import torch`` and reads no
 torch attribute at import time (no ``@torch...`` decorator, no module-level tensor or dtype); the
 first attribute read anywhere, or a plain ``import torch`` (which reads ``__spec__``), imports it
-whole, after which it is torch's own module object."""
+whole, after which it is torch's own module object. Python 3.11's LazyLoader takes no lock, so the
+first read must not race another thread's: an engine process loads torch on its main thread while
+importing ``scorer.attention`` (a plain ``import torch``), before it starts a thread."""
 
 from __future__ import annotations
 
