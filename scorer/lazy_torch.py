@@ -5,8 +5,9 @@ bench.frontend_start``). Such a module imports ``from .lazy_torch import torch``
 torch attribute at import time (no ``@torch...`` decorator, no module-level tensor or dtype); the
 first attribute read anywhere, or a plain ``import torch`` (which reads ``__spec__``), imports it
 whole, after which it is torch's own module object. Python 3.11's LazyLoader takes no lock, so the
-first read must not race another thread's: an engine process loads torch on its main thread while
-importing ``scorer.attention`` (a plain ``import torch``), before it starts a thread."""
+first read must not race another thread's: the modules that build an engine (``scorer.attention``,
+``scorer.runtime``) import torch plainly, so it loads on the thread that builds the engine, before
+any call reaches tensor code; under ``scorer serve`` that is the main thread, alone (traced)."""
 
 from __future__ import annotations
 

@@ -108,3 +108,16 @@ def test_a_front_end_process_tokenizes_without_torch_transformers_or_the_model(e
     )
     out = subprocess.run([sys.executable, "-c", code], timeout=300, capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_the_engine_side_loads_torch_as_it_imports_before_any_thread_starts():
+    """``scorer.lazy_torch``'s loader takes no lock on Python 3.11: the modules that build an engine
+    import torch whole, on the importing thread, so no serving thread can race its first read."""
+    code = (
+        "import threading, scorer.lazy_torch as lt\n"
+        "assert not lt.loaded()\n"
+        "import scorer.runtime\n"
+        "print(lt.loaded(), threading.active_count())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], timeout=300, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.split() == ["True", "1"], out.stdout + out.stderr
