@@ -87,8 +87,8 @@ def test_a_tokenizer_whose_calls_do_more_than_its_backend_is_loaded_by_transform
 
 def test_a_front_end_process_tokenizes_without_torch_transformers_or_the_model(engine, tmp_path):
     """A front end's start on the 2-core VM (``python -m bench.frontend_start``): 0.8 s without
-    torch's import, 3.2-4.3 s with it, 4.8 s with the model runner's imports too (transformers among
-    them), 9.0 s through transformers' AutoTokenizer. Torch is named (``scorer.lazy_torch``) and
+    torch's import, 4.3 s with it, 4.8 s with the model runner's imports too (transformers among
+    them), 11-13 s through transformers' AutoTokenizer. Torch is named (``scorer.lazy_torch``) and
     never imported while a front end turns calls of text and of token ids into Jobs."""
     info = tmp_path / "info.pkl"
     info.write_bytes(pickle.dumps(engine.info))

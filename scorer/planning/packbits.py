@@ -8,13 +8,16 @@ each other and ``indptr`` holds their byte offsets.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cache
 
 from ..lazy_torch import torch
 from .base import CustomMask, indptr
 
 
+@cache
 def _bits(device: torch.device) -> torch.Tensor:
-    """Each bit's value in a byte, lowest first."""
+    """Each bit's value in a byte, lowest first (one tensor per device, made on first use: torch
+    is not imported when this module is)."""
     return 1 << torch.arange(8, dtype=torch.int32, device=device)
 
 
